@@ -1,0 +1,300 @@
+"""The trainer's configuration: one frozen attrs class, flat keys named as in SkyRL.
+
+This module imports attrs and the standard library only, so that sweepkit's
+trainer plugin can validate grid files against :func:`schema` without torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import attrs
+
+ADVANTAGE_ESTIMATORS = ("grpo", "no_op")
+POLICY_LOSS_TYPES = ("ppo", "importance_sampling")
+LOSS_REDUCTIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+BACKENDS = ("hf", "vllm")
+RESUME_MODES = (None, "latest")
+
+
+class ConfigError(ValueError):
+    """A config key is unknown or has a bad value; the message names the key."""
+
+
+def _positive(instance, attribute, value):
+    if value is None:
+        return
+    if value <= 0:
+        raise ConfigError(f"{attribute.name}: must be > 0, got {value!r}")
+
+
+def _non_negative(instance, attribute, value):
+    if value < 0:
+        raise ConfigError(f"{attribute.name}: must be >= 0, got {value!r}")
+
+
+def _fraction(instance, attribute, value):
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"{attribute.name}: must be in (0, 1], got {value!r}")
+
+
+def _choice(choices):
+    def check(instance, attribute, value):
+        if value not in choices:
+            shown = ", ".join(repr(c) for c in choices)
+            raise ConfigError(f"{attribute.name}: must be one of {shown}, got {value!r}")
+
+    return check
+
+
+def _doc(text: str) -> dict:
+    return {"doc": text}
+
+
+@attrs.frozen(kw_only=True)
+class TrainerConfig:
+    """Every knob of one training run. Keys are SkyRL's where SkyRL has one."""
+
+    # -- model and data ------------------------------------------------------
+    model: str = attrs.field(default="tiny-random", metadata=_doc(
+        "HF model path or hub name, or 'tiny-random' (built locally, no download)."))
+    dataset: str = attrs.field(default="synthetic", metadata=_doc(
+        "'synthetic' (built-in learnable task), 'gsm8k' (hub, needs network), or a "
+        "directory / .jsonl / .parquet path holding GSM8K-style question/answer rows."))
+    train_split: str = attrs.field(default="train", metadata=_doc("split used for training"))
+    eval_split: str = attrs.field(default="test", metadata=_doc("held-out split for eval"))
+    eval_limit: Optional[int] = attrs.field(default=None, validator=_positive, metadata=_doc(
+        "evaluate on the first N held-out prompts only (None: all)"))
+    synthetic_size: int = attrs.field(default=512, validator=_positive, metadata=_doc(
+        "number of generated prompts per split for dataset='synthetic'"))
+    format_reward_coef: float = attrs.field(default=0.0, validator=_non_negative, metadata=_doc(
+        "reward shaping: credit for a well-formed '#### <number>' answer that is wrong"))
+
+    # -- batch shape ------------------------------------------------------------
+    train_batch_size: int = attrs.field(default=32, validator=_positive, metadata=_doc(
+        "prompts per step"))
+    policy_mini_batch_size: int = attrs.field(default=32, validator=_positive, metadata=_doc(
+        "prompts per optimizer step; train_batch_size / policy_mini_batch_size updates a step"))
+    micro_train_batch_size_per_gpu: int = attrs.field(default=8, validator=_positive, metadata=_doc(
+        "sequences per forward/backward (gradient accumulation unit)"))
+    micro_forward_batch_size_per_gpu: int = attrs.field(default=16, validator=_positive, metadata=_doc(
+        "sequences per no-grad forward (old / reference logprobs)"))
+    n_samples_per_prompt: int = attrs.field(default=4, validator=_positive, metadata=_doc(
+        "completions sampled per prompt (the GRPO group size)"))
+    max_prompt_length: int = attrs.field(default=512, validator=_positive, metadata=_doc(
+        "prompt tokens; longer prompts are left-truncated"))
+    max_generate_length: int = attrs.field(default=512, validator=_positive, metadata=_doc(
+        "new tokens per completion"))
+
+    # -- optimisation -------------------------------------------------------------
+    lr: float = attrs.field(default=1e-6, validator=_positive, metadata=_doc("AdamW learning rate"))
+    weight_decay: float = attrs.field(default=0.0, validator=_non_negative, metadata=_doc(
+        "AdamW weight decay"))
+    adam_betas: tuple[float, float] = attrs.field(default=(0.9, 0.999), converter=tuple, metadata=_doc(
+        "AdamW betas"))
+    num_warmup_steps: int = attrs.field(default=0, validator=_non_negative, metadata=_doc(
+        "linear lr warm-up, in optimizer steps"))
+    max_grad_norm: float = attrs.field(default=1.0, validator=_positive, metadata=_doc(
+        "gradient-norm clip"))
+    epochs: int = attrs.field(default=1, validator=_positive, metadata=_doc("passes over the train split"))
+    max_steps: Optional[int] = attrs.field(default=None, validator=_positive, metadata=_doc(
+        "stop after this many steps (None: run all epochs)"))
+
+    # -- algorithm -------------------------------------------------------------------
+    advantage_estimator: str = attrs.field(default="grpo", validator=_choice(ADVANTAGE_ESTIMATORS),
+                                           metadata=_doc("'grpo' group baseline; 'no_op' keeps per-token advantages"))
+    grpo_norm_by_std: bool = attrs.field(default=True, metadata=_doc(
+        "divide group advantages by the group std (False: Dr.GRPO)"))
+    policy_loss_type: str = attrs.field(default="ppo", validator=_choice(POLICY_LOSS_TYPES),
+                                        metadata=_doc("'ppo' clipped ratio, or 'importance_sampling' (unclipped)"))
+    loss_reduction: str = attrs.field(default="token_mean", validator=_choice(LOSS_REDUCTIONS),
+                                      metadata=_doc("how per-token losses become one number"))
+    eps_clip_low: float = attrs.field(default=0.2, validator=_non_negative, metadata=_doc(
+        "PPO clip below 1"))
+    eps_clip_high: float = attrs.field(default=0.2, validator=_non_negative, metadata=_doc(
+        "PPO clip above 1 (0.28: DAPO clip-higher)"))
+    use_kl_loss: bool = attrs.field(default=False, metadata=_doc(
+        "add a KL loss against the frozen reference policy"))
+    kl_loss_coef: float = attrs.field(default=0.001, validator=_non_negative, metadata=_doc(
+        "weight of the KL loss"))
+    kl_estimator_type: str = attrs.field(default="k3", validator=_choice(KL_ESTIMATORS), metadata=_doc(
+        "KL estimator: k1, k2 or k3"))
+    use_entropy_loss: bool = attrs.field(default=False, metadata=_doc("add an entropy bonus"))
+    entropy_loss_coef: float = attrs.field(default=0.01, validator=_non_negative, metadata=_doc(
+        "weight of the entropy bonus"))
+    use_tis: bool = attrs.field(default=False, metadata=_doc(
+        "truncated importance sampling for rollout-vs-trainer logprob mismatch"))
+    tis_imp_ratio_cap: float = attrs.field(default=2.0, validator=_positive, metadata=_doc(
+        "cap C of the TIS weight min(pi_old / mu_rollout, C)"))
+
+    # -- sampling ----------------------------------------------------------------------
+    temperature: float = attrs.field(default=1.0, validator=_positive, metadata=_doc("rollout temperature"))
+    top_p: float = attrs.field(default=1.0, validator=_fraction, metadata=_doc("rollout nucleus sampling"))
+    eval_temperature: float = attrs.field(default=0.6, validator=_positive, metadata=_doc(
+        "sampling temperature for pass@k eval"))
+    eval_n_samples_per_prompt: int = attrs.field(default=4, validator=_positive, metadata=_doc(
+        "k of the pass@k eval"))
+
+    # -- rollout engine and placement -------------------------------------------------
+    backend: str = attrs.field(default="hf", validator=_choice(BACKENDS), metadata=_doc(
+        "rollout engine: 'hf' (transformers generate) or 'vllm'"))
+    device: str = attrs.field(default="auto", validator=_choice(("auto", "cpu", "cuda")), metadata=_doc(
+        "'auto' takes cuda when available"))
+    dtype: str = attrs.field(default="auto", validator=_choice(("auto", "float32", "bfloat16")),
+                             metadata=_doc("'auto': bfloat16 on cuda, float32 on cpu"))
+    gpu_memory_utilization: float = attrs.field(default=0.7, validator=_fraction, metadata=_doc(
+        "vLLM KV-cache share of GPU memory"))
+    enforce_eager: bool = attrs.field(default=True, metadata=_doc(
+        "False lets the engine capture CUDA graphs"))
+    colocate_all: bool = attrs.field(default=True, metadata=_doc(
+        "policy and rollout engines share the GPUs (engines sleep during training)"))
+    num_inference_engines: int = attrs.field(default=1, validator=_positive, metadata=_doc(
+        "rollout engine replicas"))
+    inference_tp: int = attrs.field(default=1, validator=_positive, metadata=_doc(
+        "tensor-parallel size of each rollout engine"))
+    reshard_after_forward: bool = attrs.field(default=True, metadata=_doc(
+        "FSDP2 reshard_after_forward (multi-GPU policy)"))
+    num_gpus: int = attrs.field(default=1, validator=_non_negative, metadata=_doc(
+        "GPUs the policy trains on (0 means CPU)"))
+    gradient_checkpointing: bool = attrs.field(default=False, metadata=_doc(
+        "recompute activations in backward to save memory"))
+
+    # -- schedule, checkpoints, logging ------------------------------------------------
+    eval_interval: int = attrs.field(default=0, validator=_non_negative, metadata=_doc(
+        "evaluate every N steps (0: only before the first and after the last step)"))
+    eval_before_train: bool = attrs.field(default=True, metadata=_doc("evaluate at step 0"))
+    ckpt_interval: int = attrs.field(default=0, validator=_non_negative, metadata=_doc(
+        "checkpoint every N steps (0: only at the end)"))
+    resume_mode: Optional[str] = attrs.field(default=None, validator=_choice(RESUME_MODES), metadata=_doc(
+        "None: fresh, refuses existing global_step_*; 'latest': resume exactly"))
+    export_final: bool = attrs.field(default=True, metadata=_doc(
+        "save_pretrained the final policy under <ckpt_dir>/export"))
+    seed: int = attrs.field(default=42, metadata=_doc("seed of data order, sampling and init"))
+    progress_bar: bool = attrs.field(default=True, metadata=_doc(
+        "show a progress bar when stdout is a terminal"))
+
+    def __attrs_post_init__(self):
+        if self.train_batch_size % self.policy_mini_batch_size:
+            raise ConfigError(
+                f"train_batch_size: {self.train_batch_size} is not a multiple of "
+                f"policy_mini_batch_size={self.policy_mini_batch_size}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "TrainerConfig":
+        """Build from a plain mapping; every unknown key and bad value is reported at once."""
+        fields = schema()
+        errors = []
+        values = {}
+        for key, value in data.items():
+            if key not in fields:
+                errors.append(f"{source}: unknown key {key!r}{did_you_mean(key, fields)}")
+                continue
+            try:
+                values[key] = check_type(key, value, fields[key]["type"])
+            except ConfigError as exc:
+                errors.append(f"{source}: {exc}")
+        if errors:
+            raise ConfigError("\n".join(errors))
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_json(cls, path: str | Path, overrides: list[str] = ()) -> "TrainerConfig":
+        """Read a JSON config file, then apply ``key=value`` overrides (values parsed as JSON)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a JSON object of config keys")
+        for item in overrides:
+            key, sep, text = item.partition("=")
+            if not sep:
+                raise ConfigError(f"override {item!r}: expected key=value")
+            data[key.strip()] = parse_value(text)
+        return cls.from_dict(data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self, retain_collection_types=False)
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: JSON when it parses (1e-6, true, null, [1,2]), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def did_you_mean(key: str, known) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(tp) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return "list[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def check_type(key: str, value: Any, tp) -> Any:
+    """Return ``value`` if it fits the annotation ``tp`` (ints widen to floats), else raise."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return check_type(key, value, option)
+            except ConfigError:
+                continue
+    elif tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        args = typing.get_args(tp)
+        if isinstance(value, (list, tuple)) and len(value) == len(args):
+            return tuple(check_type(key, v, a) for v, a in zip(value, args))
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def schema() -> dict[str, dict[str, Any]]:
+    """Every key of :class:`TrainerConfig`: ``{name: {"type", "type_name", "default", "doc"}}``.
+
+    Published for sweepkit's validation of grid files; needs neither torch nor transformers.
+    """
+    hints = typing.get_type_hints(TrainerConfig)
+    out = {}
+    for field in attrs.fields(TrainerConfig):
+        out[field.name] = {
+            "type": hints[field.name],
+            "type_name": _type_name(hints[field.name]),
+            "default": field.default,
+            "doc": field.metadata.get("doc", ""),
+        }
+    return out
