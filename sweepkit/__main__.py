@@ -1,0 +1,5 @@
+import sys
+
+from sweepkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,188 @@
+"""Every hook sweepkit calls, grouped by the phase that calls it.
+
+Plugins implement these with ``@sweepkit.hookimpl``. The names follow pytest's
+where the meaning is the same. A hook that takes a decision is
+``firstresult=True`` (the first non-None answer wins); a registration hook is
+``historic``, so a plugin registered late (a ``sweepconf.py`` found while
+collecting) still gets the call and its registrations.
+
+Order of a ``sweep run``:
+
+1. start-up: :func:`sweep_addoption`, the four ``sweep_register_*`` hooks,
+   :func:`sweep_configure`;
+2. collection, once per grid file: :func:`sweep_collect_file`, and for every
+   axis or product cell without an explicit id :func:`sweep_make_cell_id`;
+3. :func:`sweep_collection_modifyitems`, then :func:`sweep_deselected` with the
+   cells that ``-k`` / ``-m`` / ``::CELL`` / ``--failed`` left out;
+4. :func:`sweep_validate_cell` for every selected cell; any error stops here;
+5. :func:`sweep_choose_executor` unless ``--executor`` names one;
+6. per cell: :func:`sweep_prepare_cell_dir`, :func:`sweep_cell_env`,
+   :func:`sweep_cell_started`, then :func:`sweep_cell_finished`;
+7. :func:`sweep_unconfigure`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sweepkit.cell import Cell, Target
+    from sweepkit.session import Session
+
+hookspec = pluggy.HookspecMarker("sweepkit")
+hookimpl = pluggy.HookimplMarker("sweepkit")
+
+
+# -- start-up ---------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def sweep_addoption(parser) -> None:
+    """Add command-line options.
+
+    :param parser: a :class:`sweepkit.cli.OptionParser`; call
+        ``parser.addoption("--flag", commands=("run",), **argparse_kwargs)``.
+        ``commands`` names the subcommands that take the option.
+
+    Only plugins known before the command line is parsed can add options: the
+    default plugins, entry points, ``-p`` modules and the ``sweepconf.py`` files
+    next to the grids named on the command line (or ``grids/``).
+    """
+
+
+@hookspec(historic=True)
+def sweep_register_keys(register: Callable[..., None]) -> None:
+    """Register launch keys: settings that shape how a cell is started, not what it computes.
+
+    :param register: ``register(name, type, default, doc)``; ``type`` is a
+        typing annotation (``int``, ``str | None``, ``dict[str, str]``).
+
+    Launch keys are checked against their type, stay out of ``config.json``, and
+    reach executors through :meth:`sweepkit.cell.Cell.launch`.
+    """
+
+
+@hookspec(historic=True)
+def sweep_register_targets(register: Callable[[str, "Target"], None]) -> None:
+    """Register named targets a grid can choose with ``target = "<name>"``.
+
+    :param register: ``register(name, target)`` with a :class:`sweepkit.cell.Target`.
+    """
+
+
+@hookspec(historic=True)
+def sweep_register_executors(register: Callable[..., None]) -> None:
+    """Register executors selectable with ``--executor``.
+
+    :param register: ``register(name, factory, doc)``; ``factory(session)``
+        returns the executor object.
+    """
+
+
+@hookspec(historic=True)
+def sweep_register_profiles(register: Callable[..., None]) -> None:
+    """Register config profiles selectable with ``--profile``.
+
+    :param register: ``register(name, fn, doc)``;
+        ``fn(config: dict, target_name: str) -> dict`` returns only the keys it
+        changes (an empty dict for targets it does not know). Several plugins may
+        register the same name; their changes apply in registration order.
+    """
+
+
+@hookspec(historic=True)
+def sweep_configure(session: "Session") -> None:
+    """Called once the command line is parsed and every initial plugin is registered.
+
+    :param session: the :class:`sweepkit.session.Session`.
+    """
+
+
+@hookspec
+def sweep_unconfigure(session: "Session") -> None:
+    """Called before the process exits, also after an error."""
+
+
+# -- collection ----------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def sweep_collect_file(path: "Path", session: "Session") -> "list[Cell] | None":
+    """Turn one grid file into cells (before any profile).
+
+    :param path: the absolute path of the grid file.
+    :return: the file's cells, or None to leave the file to other plugins.
+
+    ``firstresult``: the first plugin that returns a list wins. The default
+    implementation executes ``*.py`` grid files written with ``sweepkit``'s grid API.
+    """
+
+
+@hookspec(firstresult=True)
+def sweep_make_cell_id(axis_name: str, keys: "tuple[str, ...]", values: "tuple[Any, ...]",
+                       session: "Session") -> "str | None":
+    """Name a cell of an axis or product that has no explicit ``id``/``ids``/``param(id=)``.
+
+    :param axis_name: the module variable the axis is assigned to (``n``).
+    :param keys: the config keys the axis sets.
+    :param values: this cell's values of those keys.
+    :return: the id, or None to let the next plugin decide.
+    """
+
+
+@hookspec
+def sweep_collection_modifyitems(session: "Session", cells: "list[Cell]") -> None:
+    """Reorder or filter the collected (and profiled) cells in place, before selection."""
+
+
+@hookspec
+def sweep_deselected(cells: "list[Cell]") -> None:
+    """Called with the cells that selection (-k, -m, ::CELL, --failed) left out."""
+
+
+# -- validation ----------------------------------------------------------------------
+
+
+@hookspec
+def sweep_validate_cell(cell: "Cell", session: "Session") -> "list[str]":
+    """Check one selected cell's resolved config.
+
+    :return: error messages (empty when fine). The messages of every plugin for
+        every cell are reported together, with the cell id and the file:line of
+        its declaration; if there is any, nothing runs.
+    """
+
+
+# -- execution ----------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def sweep_choose_executor(session: "Session") -> "str | None":
+    """Pick the executor when ``--executor`` is not given; first answer wins."""
+
+
+@hookspec
+def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, session: "Session") -> None:
+    """Called before a cell starts, with its directory created.
+
+    :param fresh: True for a fresh run (empty checkpoint dir), False for a resume.
+    """
+
+
+@hookspec
+def sweep_cell_env(cell: "Cell", session: "Session") -> "dict[str, str]":
+    """Extra environment variables for a cell's process; every plugin's dicts are merged."""
+
+
+@hookspec
+def sweep_cell_started(cell: "Cell", state) -> None:
+    """Called when a cell's process has started (``state``: its current on-disk state)."""
+
+
+@hookspec
+def sweep_cell_finished(cell: "Cell", state) -> None:
+    """Called when a cell has ended, whatever the outcome (``state``: the final state)."""

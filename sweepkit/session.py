@@ -1,0 +1,84 @@
+"""The session: plugin manager, directories, options and registries of one ``sweep`` call."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import sys
+from pathlib import Path
+
+import attrs
+import pluggy
+from rich.console import Console
+
+from sweepkit.registry import Registry
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes, pytest's numbering."""
+
+    OK = 0
+    CELLS_FAILED = 1
+    INTERRUPTED = 2
+    INTERNAL_ERROR = 3
+    USAGE_ERROR = 4
+    NO_CELLS = 5
+
+
+def make_console(file=None) -> Console:
+    # soft_wrap: a node id plus its diff stays on one line, so output can be grepped.
+    return Console(file=file or sys.stdout, soft_wrap=True, highlight=False)
+
+
+@attrs.define(kw_only=True)
+class Session:
+    """Shared state of one command: everything a hook may need to look at.
+
+    ``options`` is the parsed command line (``options.command`` is the
+    subcommand); ``registry`` holds the launch keys, targets, executors and
+    profiles plugins registered; ``runs_dir`` defaults to ``<rootdir>/runs``.
+    """
+
+    pm: pluggy.PluginManager
+    rootdir: Path
+    runs_dir: Path
+    options: argparse.Namespace
+    console: Console = attrs.field(factory=make_console)
+    err_console: Console = attrs.field(factory=lambda: make_console(sys.stderr))
+    registry: Registry = attrs.field(factory=Registry)
+    collected: dict[Path, list] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_options(cls, pm: pluggy.PluginManager, options: argparse.Namespace) -> "Session":
+        rootdir = Path(options.rootdir or Path.cwd()).resolve()
+        runs_dir = Path(options.runs_dir) if options.runs_dir else rootdir / "runs"
+        if not runs_dir.is_absolute():
+            runs_dir = Path.cwd() / runs_dir
+        return cls(pm=pm, rootdir=rootdir, runs_dir=runs_dir, options=options)
+
+    @property
+    def hook(self):
+        return self.pm.hook
+
+    def register_hooks(self) -> None:
+        """Run the historic registration hooks; plugins registered later get them too."""
+        hook = self.pm.hook
+        hook.sweep_register_keys.call_historic(kwargs={"register": self.registry.register_key})
+        hook.sweep_register_targets.call_historic(kwargs={"register": self.registry.register_target})
+        hook.sweep_register_executors.call_historic(
+            kwargs={"register": self.registry.register_executor})
+        hook.sweep_register_profiles.call_historic(kwargs={"register": self.registry.register_profile})
+
+    def configure(self) -> None:
+        self.pm.hook.sweep_configure.call_historic(kwargs={"session": self})
+
+    def unconfigure(self) -> None:
+        self.pm.hook.sweep_unconfigure(session=self)
+
+    def display_path(self, path: Path) -> str:
+        """A path as the user sees it: relative to the rootdir when inside it."""
+        path = Path(path)
+        try:
+            return path.resolve().relative_to(self.rootdir).as_posix()
+        except ValueError:
+            return str(path)

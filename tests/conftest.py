@@ -1,0 +1,76 @@
+"""A ``pytester``-like fixture: run the real ``sweep`` command in a temp dir.
+
+    def test_something(sweeper):
+        sweeper.grid("g", '''
+            import sweepkit as sk
+            target = sk.command("{python}", "-c", "pass")
+            base = sk.base(lr=1.0)
+        ''')
+        result = sweeper.run("list")
+        assert result.ret == 0
+        assert "grids/g.py::base" in result.stdout
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+
+
+@attrs.frozen
+class SweepResult:
+    ret: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def __str__(self) -> str:
+        return f"exit {self.ret}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
+class Sweeper:
+    """A scratch project: write grid files and other files into it, run ``sweep`` there."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.env = {}
+
+    def write(self, relpath: str, text: str) -> Path:
+        """Write ``text`` (dedented) to ``relpath`` under the project; returns the path."""
+        path = self.path / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+        return path
+
+    def grid(self, name: str, text: str) -> Path:
+        """Write ``grids/<name>.py``."""
+        return self.write(f"grids/{name}.py", text)
+
+    def run(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> SweepResult:
+        """Run ``python -m sweepkit ARGS`` (the ``sweep`` command) with the project as cwd."""
+        full_env = {**os.environ, "COLUMNS": "200", "PYTHONDONTWRITEBYTECODE": "1",
+                    **self.env, **(env or {})}
+        # The project dir goes on PYTHONPATH so `-p module` finds modules the test writes.
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(self.path), full_env.get("PYTHONPATH", "")) if p)
+        proc = subprocess.run(
+            [sys.executable, "-m", "sweepkit", *map(str, args)],
+            cwd=self.path, env=full_env, capture_output=True, text=True, timeout=timeout,
+        )
+        return SweepResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def sweeper(tmp_path: Path) -> Sweeper:
+    project = tmp_path / "project"
+    project.mkdir()
+    return Sweeper(project)
