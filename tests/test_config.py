@@ -95,3 +95,9 @@ def test_schema_lists_every_field_without_importing_torch():
     code = "import sys, trainer.config as c; c.schema(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_grpo_needs_a_group():
+    with pytest.raises(ConfigError, match="n_samples_per_prompt: GRPO needs at least 2"):
+        TrainerConfig.from_dict({"n_samples_per_prompt": 1})
+    assert TrainerConfig.from_dict({"n_samples_per_prompt": 1, "advantage_estimator": "no_op"})

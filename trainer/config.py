@@ -185,6 +185,11 @@ class TrainerConfig:
             raise ConfigError(
                 f"train_batch_size: {self.train_batch_size} is not a multiple of "
                 f"policy_mini_batch_size={self.policy_mini_batch_size}")
+        if self.advantage_estimator == "grpo" and self.n_samples_per_prompt < 2:
+            # A group of one has no baseline: its GRPO advantage is 0 and nothing is learned.
+            raise ConfigError(
+                f"n_samples_per_prompt: GRPO needs at least 2 samples per prompt, got "
+                f"{self.n_samples_per_prompt}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "TrainerConfig":
