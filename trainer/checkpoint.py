@@ -1,0 +1,219 @@
+"""Checkpoints that survive being killed mid-write, and never delete a run by accident.
+
+Layout of ``<ckpt-dir>``::
+
+    global_step_N/            one complete checkpoint (appears only by an atomic rename)
+      model.safetensors       policy weights
+      optimizer.pt            AdamW + lr-scheduler state
+      rng.pt                  python, torch and cuda RNG states
+      trainer_state.json      step, prompt-sampler position, the run's config
+    latest                    "global_step_N", rewritten atomically after each complete write
+    reference.safetensors     the frozen initial policy, written once when a KL loss needs it
+    .tmp-global_step_N/       a write in progress; a leftover one is a killed write and is removed
+    export/                   save_pretrained policy + tokenizer at the end (export_final)
+
+A checkpoint directory is written in full under a temporary name and renamed
+into place, so ``global_step_N`` either exists complete or not at all; the
+``latest`` marker moves only after that. A run killed during a write leaves a
+``.tmp-*`` directory and the old marker, and resumes from the previous
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import safetensors.torch
+import torch
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+TEMP_PREFIX = ".tmp-"
+LATEST = "latest"
+REFERENCE = "reference.safetensors"
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint directory does not allow what was asked (e.g. a fresh run over old steps)."""
+
+
+@attrs.frozen(kw_only=True)
+class Resumed:
+    """What a loaded checkpoint hands back to the loop besides the restored objects."""
+
+    step: int
+    sampler_state: dict[str, Any]
+    path: Path
+
+
+def step_dirs(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """Complete ``global_step_N`` directories, oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def remove_stale_writes(ckpt_dir: Path) -> list[Path]:
+    """Delete temp directories left by a write that was killed; returns what was removed."""
+    stale = [p for p in ckpt_dir.glob(TEMP_PREFIX + "*")] if ckpt_dir.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return stale
+
+
+def find_latest(ckpt_dir: Path) -> Optional[Path]:
+    """The checkpoint to resume from: the one ``latest`` names, else the newest complete one.
+
+    The fallback covers a kill between the directory rename and the marker
+    update; both are complete checkpoints, so the newer one wins.
+    """
+    complete = step_dirs(ckpt_dir)
+    if not complete:
+        return None
+    newest = complete[-1][1]
+    marker = ckpt_dir / LATEST
+    if marker.is_file():
+        named = ckpt_dir / marker.read_text().strip()
+        if STEP_DIR.match(named.name) and named.is_dir() and _step_of(named) >= _step_of(newest):
+            return named
+    return newest
+
+
+def plan_start(ckpt_dir: Path, resume_mode: Optional[str]) -> Optional[Path]:
+    """Decide, before anything heavy loads, where the run starts: a checkpoint path or None (fresh).
+
+    ``resume_mode=None`` refuses to start over existing ``global_step_*``
+    directories instead of deleting them: clearing a checkpoint dir is the
+    user's decision, never a default.
+    """
+    if resume_mode is None:
+        existing = step_dirs(ckpt_dir)
+        if existing:
+            names = ", ".join(p.name for _, p in existing)
+            raise CheckpointError(
+                f"resume_mode=null (fresh run) but {ckpt_dir} already holds {names}; "
+                f"pass resume_mode=latest to continue that run, or remove the directory yourself "
+                f"for a clean re-run (nothing was deleted)")
+        return None
+    if resume_mode == "latest":
+        return find_latest(ckpt_dir)
+    raise CheckpointError(f"resume_mode: unknown value {resume_mode!r}")
+
+
+def save(ckpt_dir: Path, step: int, *, model, optimizer, scheduler, sampler_state: dict, config: dict) -> Path:
+    """Write ``global_step_<step>`` atomically and move the ``latest`` marker to it."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    name = f"global_step_{step}"
+    final = ckpt_dir / name
+    temp = ckpt_dir / f"{TEMP_PREFIX}{name}"
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir()
+    # save_model handles tied embeddings, which save_file refuses as shared storage.
+    safetensors.torch.save_model(model, str(temp / "model.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, temp / "optimizer.pt")
+    torch.save(_rng_state(), temp / "rng.pt")
+    state = {"step": step, "sampler": sampler_state, "config": config}
+    (temp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+    _fsync_tree(temp)
+    if final.exists():
+        # A rerun past a resumed step rewrites it; the old one is moved away before being removed,
+        # so a kill in between leaves a stale temp dir, never a half-deleted checkpoint.
+        doomed = ckpt_dir / f"{TEMP_PREFIX}old-{name}"
+        os.replace(final, doomed)
+        os.replace(temp, final)
+        shutil.rmtree(doomed, ignore_errors=True)
+    else:
+        os.replace(temp, final)
+    write_atomic(ckpt_dir / LATEST, name + "\n")
+    return final
+
+
+def load(path: Path, *, model, optimizer, scheduler, device) -> Resumed:
+    """Restore model, optimizer, scheduler and RNG states from ``path``; return step and sampler state."""
+    missing = [f for f in ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json")
+               if not (path / f).is_file()]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+    safetensors.torch.load_model(model, str(path / "model.safetensors"), device=str(device))
+    states = torch.load(path / "optimizer.pt", map_location=device, weights_only=True)
+    optimizer.load_state_dict(states["optimizer"])
+    scheduler.load_state_dict(states["scheduler"])
+    _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    state = json.loads((path / "trainer_state.json").read_text())
+    return Resumed(step=int(state["step"]), sampler_state=state["sampler"], path=path)
+
+
+def save_reference(ckpt_dir: Path, model) -> Path:
+    """Keep the initial policy once, so a resumed KL loss compares against the same reference."""
+    target = ckpt_dir / REFERENCE
+    if not target.is_file():
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        temp = ckpt_dir / f"{TEMP_PREFIX}{REFERENCE}"
+        safetensors.torch.save_model(model, str(temp))
+        os.replace(temp, target)
+    return target
+
+
+def load_reference(ckpt_dir: Path, model, device) -> bool:
+    """Load the saved initial policy into ``model``; False when none was saved."""
+    target = ckpt_dir / REFERENCE
+    if not target.is_file():
+        return False
+    safetensors.torch.load_model(model, str(target), device=str(device))
+    return True
+
+
+def export(ckpt_dir: Path, model, tokenizer) -> Path:
+    """``save_pretrained`` the policy and tokenizer to ``<ckpt-dir>/export``, replacing an older export."""
+    final = ckpt_dir / "export"
+    temp = ckpt_dir / f"{TEMP_PREFIX}export"
+    shutil.rmtree(temp, ignore_errors=True)
+    model.save_pretrained(temp)
+    tokenizer.save_pretrained(temp)
+    if final.exists():
+        doomed = ckpt_dir / f"{TEMP_PREFIX}old-export"
+        os.replace(final, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(temp, final)
+    return final
+
+
+def write_atomic(path: Path, text: str) -> None:
+    temp = path.with_name(f"{TEMP_PREFIX}{path.name}")
+    with open(temp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+def _step_of(path: Path) -> int:
+    return int(STEP_DIR.match(path.name).group(1))
+
+
+def _fsync_tree(directory: Path) -> None:
+    # Without this a power loss after the rename could leave a complete-looking dir of empty files.
+    for path in directory.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,92 @@
+"""Rollouts with vLLM, colocated with the policy on the same GPU(s).
+
+Imported only when ``backend="vllm"``; nothing else in the trainer imports
+vLLM. The engine starts with ``enable_sleep_mode`` so it can hand its weights
+and KV cache back while the policy trains (``sleep``), and receives the new
+policy weights after every update through the model's own ``load_weights``
+(run on each vLLM worker via ``collective_rpc``, so tensor-parallel shards
+take their slice). It reports the log-probabilities it sampled with, which is
+what truncated importance sampling needs.
+
+One engine only: ``num_inference_engines`` > 1 and a non-colocated layout are
+not offered by this trainer (they are reported as inert at start).
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from trainer.rollout import BackendUnavailable, Completion, RolloutEngine
+
+try:
+    import vllm
+except ImportError as exc:  # vLLM has no wheels for most machines; say what to do.
+    raise BackendUnavailable(
+        "backend='vllm' needs the vllm package, which is not installed here "
+        "(pip install 'sweepkit[vllm]' on a CUDA machine), or set backend='hf'"
+    ) from exc
+
+
+def _load_weights_on_worker(worker, named_tensors):
+    worker.model_runner.model.load_weights(weights=named_tensors)
+
+
+class VLLMEngine(RolloutEngine):
+    reports_logprobs = True
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.asleep = False
+
+    @classmethod
+    def from_config(cls, cfg, *, model, tokenizer) -> "VLLMEngine":
+        # vLLM loads from a directory; the policy may be built in memory (tiny-random,
+        # random:<shape>), so hand it the policy's own weights and tokenizer.
+        staging = tempfile.mkdtemp(prefix="vllm-policy-")
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        llm = vllm.LLM(
+            model=staging,
+            tokenizer=staging,
+            dtype="bfloat16" if cfg.dtype in ("auto", "bfloat16") else "float32",
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            tensor_parallel_size=cfg.inference_tp,
+            enable_sleep_mode=True,
+            seed=cfg.seed,
+            max_model_len=cfg.max_prompt_length + cfg.max_generate_length,
+        )
+        return cls(llm)
+
+    def generate(self, prompts, *, n, max_new_tokens, temperature, top_p, seed):
+        params = vllm.SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed, logprobs=0,
+        )
+        requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        completions = []
+        for output in outputs:  # vLLM returns requests in submission order
+            for sample in output.outputs:
+                logprobs = tuple(
+                    position[token].logprob for token, position in zip(sample.token_ids, sample.logprobs)
+                )
+                completions.append(Completion(
+                    token_ids=sample.token_ids, logprobs=logprobs,
+                    finish_reason="stop" if sample.finish_reason == "stop" else "length",
+                ))
+        return completions
+
+    def sync_weights(self, model) -> None:
+        named = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        self.llm.collective_rpc(_load_weights_on_worker, args=(named,))
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+
+    def sleep(self) -> None:
+        if not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
