@@ -19,7 +19,9 @@ left padding (generation appends on the right).
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Union
 
 import torch
@@ -88,7 +90,7 @@ def pretrained(name_or_path: str, *, dtype: torch.dtype):
     """A HF causal LM and its tokenizer, offline when ``HF_HUB_OFFLINE`` is set."""
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, local_files_only=offline)
+        tokenizer = _tokenizer_class(name_or_path).from_pretrained(name_or_path, local_files_only=offline)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, local_files_only=offline)
     except OSError as exc:
@@ -105,6 +107,21 @@ def pretrained(name_or_path: str, *, dtype: torch.dtype):
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _tokenizer_class(name_or_path: str):
+    """The generic fast class for tokenizers saved as such (ours), else ``AutoTokenizer``.
+
+    transformers 5 maps a checkpoint's ``model_type`` to its tokenizer class (Qwen2Tokenizer
+    for our Qwen2 models), which rebuilds the pre-tokenizer and would lose the word
+    vocabulary's whitespace splitting; the saved ``tokenizer.json`` is the truth.
+    """
+    config = Path(name_or_path) / "tokenizer_config.json"
+    if config.is_file():
+        saved_class = json.loads(config.read_text()).get("tokenizer_class")
+        if saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return transformers.PreTrainedTokenizerFast
+    return transformers.AutoTokenizer
 
 
 def random_model(shape: dict, tokenizer, *, seed: int, vocab_size: int | None = None):

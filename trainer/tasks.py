@@ -13,15 +13,16 @@ changing.
 
 The synthetic task
 ------------------
-The prompt is :data:`SYNTHETIC_PROMPT_DIGITS` digits from ``0``-``4`` (``"3 1 4 0"``)
+The prompt is :data:`SYNTHETIC_PROMPT_DIGITS` digits from ``0``-``3`` (``"3 1 2 0"``)
 and the right completion is ``"#### 3"``: the first digit, after ``####``, scored by the
-same strict extraction as GSM8K. The vocabulary is deliberately tiny (``####``, five
+same strict extraction as GSM8K. The vocabulary is deliberately tiny (``####``, four
 digits, pad, eos, unk): a uniformly random policy then writes ``####`` before eos
-about half the time and the right digit after it about one time in six, so roughly one
-sample in ten to twenty succeeds and most GRPO groups of 8 hold a success to learn
-from. The same task over a byte vocabulary, or over ten digits, leaves a random policy
-almost never right, and GRPO learns nothing. Train and eval prompts are disjoint: all
-``5 ** SYNTHETIC_PROMPT_DIGITS`` prompts are split once (a fifth held out, from the
+about half the time and the right digit after it about one time in five, so about one
+sample in ten succeeds (0.098 measured with the tiny random model, seed 42, 8 new
+tokens) and most GRPO groups of 8 hold a success to learn from. The same task over a
+byte vocabulary, or over ten digits, leaves a random policy almost never right, and
+GRPO has nothing to learn from. Train and eval prompts are disjoint: all
+``4 ** SYNTHETIC_PROMPT_DIGITS`` prompts are split once (a fifth held out, from the
 seed), then each split draws ``synthetic_size`` prompts from its own part.
 """
 
