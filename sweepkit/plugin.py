@@ -15,11 +15,16 @@ from pathlib import Path
 import pluggy
 
 from sweepkit import hookspec
-from sweepkit.errors import UsageError
+from sweepkit.errors import UsageError, display_path
 
 #: The core's own behaviour, as plugin modules.
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "sweepkit.launch",
+    "sweepkit.collect",
+    "sweepkit.validate",
+    "sweepkit.runner",
+    "sweepkit.executors.local",
+    "sweepkit.executors.debug",
 )
 
 ENTRY_POINT_GROUP = "sweepkit"
@@ -88,14 +93,14 @@ def sweepconf_paths(directory: Path, rootdir: Path) -> list[Path]:
     return [d / SWEEPCONF for d in reversed(chain) if (d / SWEEPCONF).is_file()]
 
 
-def load_sweepconf(pm: pluggy.PluginManager, path: Path, display: str) -> None:
+def load_sweepconf(pm: pluggy.PluginManager, path: Path, rootdir: Path) -> None:
     """Import one ``sweepconf.py`` (once) and register it as a plugin named by its path."""
-    name = f"sweepconf:{display}"
+    name = f"sweepconf:{display_path(path, rootdir)}"
     if pm.get_plugin(name) is not None or pm.is_blocked(name):
         return
     from sweepkit.collect import exec_python_file  # collection owns file execution and its errors
 
-    module = exec_python_file(path, display, module_name=f"_sweepconf_{abs(hash(str(path)))}")
+    module = exec_python_file(path, rootdir, module_name=f"_sweepconf_{abs(hash(str(path)))}")
     register(pm, module, name)
 
 
@@ -107,10 +112,16 @@ def check_pending(pm: pluggy.PluginManager) -> None:
         raise UsageError(f"{exc} (no such hook; the known hooks are in sweepkit/hookspec.py)") from None
 
 
-def plugin_origin(plugin) -> str:
-    """Where a plugin comes from: its file, or its module name."""
-    path = getattr(plugin, "__file__", None)
-    return str(path) if path else getattr(plugin, "__name__", repr(plugin))
+def how_loaded(pm: pluggy.PluginManager, name: str, plugin) -> str:
+    """``default``, ``entry point (dist)``, ``sweepconf`` or ``-p``."""
+    if name in DEFAULT_PLUGINS:
+        return "default"
+    if name.startswith("sweepconf:"):
+        return "sweepconf"
+    for registered, dist in pm.list_plugin_distinfo():
+        if registered is plugin:
+            return f"entry point ({dist.metadata['name']})"
+    return "-p"
 
 
 def hooks_of(pm: pluggy.PluginManager, plugin) -> list[str]:

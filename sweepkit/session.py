@@ -11,6 +11,7 @@ import attrs
 import pluggy
 from rich.console import Console
 
+from sweepkit.errors import display_path
 from sweepkit.registry import Registry
 
 
@@ -77,8 +78,30 @@ class Session:
 
     def display_path(self, path: Path) -> str:
         """A path as the user sees it: relative to the rootdir when inside it."""
-        path = Path(path)
-        try:
-            return path.resolve().relative_to(self.rootdir).as_posix()
-        except ValueError:
-            return str(path)
+        return display_path(path, self.rootdir)
+
+    # -- the arrows of the pipeline, in order ------------------------------------------
+
+    def collect(self, paths: list[str]):
+        """Grid files named by ``paths`` (``grids/`` when empty) -> cells, before profiles."""
+        from sweepkit.collect import collect
+
+        return collect(self, paths)
+
+    def select(self, paths: list[str], *, profile: str | None = None, keyword: str | None = None,
+               markexpr: str | None = None, failed: bool = False) -> list:
+        """collect -> profile -> ``sweep_collection_modifyitems`` -> select."""
+        from sweepkit.profile import apply_profile
+        from sweepkit.select import select
+
+        collected = self.collect(paths)
+        cells = apply_profile(self, list(collected.cells), profile)
+        self.pm.hook.sweep_collection_modifyitems(session=self, cells=cells)
+        return select(self, cells, collected.wanted, keyword=keyword, markexpr=markexpr,
+                      failed=failed)
+
+    def validate(self, cells: list, *, check_runs_dir: bool, outcome: str = "nothing was run") -> None:
+        """Every problem of every cell (and of the runs dir) at once, as one UsageError."""
+        from sweepkit.validate import validate
+
+        validate(self, cells, runs_dir=self.runs_dir if check_runs_dir else None, outcome=outcome)

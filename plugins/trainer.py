@@ -1,0 +1,121 @@
+"""The built-in trainer as a sweepkit target: its command, its schema, its smoke profile.
+
+This is the one module that knows both sides: it imports sweepkit's hook marker
+and ``trainer.config`` (attrs and the standard library only, never torch).
+
+The ``smoke`` profile makes a whole grid run on a laptop CPU in minutes while
+every cell stays distinct:
+
+* ``model="tiny-random"``, ``device="cpu"``, ``backend="hf"``, ``gpus=0``;
+* ``dataset``: a local path (a file or directory holding GSM8K rows) is kept;
+  a hub name such as ``"gsm8k"`` becomes ``$SWEEPKIT_GSM8K`` when that names an
+  existing path, else the built-in ``"synthetic"`` task, so smoke runs offline;
+* ``max_steps=2``, generations of at most 16 tokens, prompts of at most 128;
+* ``train_batch_size`` and ``policy_mini_batch_size`` divided by one common factor
+  (:data:`BATCH_DIVISOR`) with their ratio kept, so ``tbs64`` … ``tbs512`` stay
+  distinct and ``train_batch_size % policy_mini_batch_size == 0`` still holds;
+* a small eval (:data:`SMOKE_EVAL_LIMIT` prompts, 2 samples each), no final export.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sweepkit import Target, hookimpl
+from trainer.config import ConfigError, TrainerConfig, check_type, schema
+
+TRAINER_ARGV = ("{python}", "-m", "trainer", "{config}", "--ckpt-dir", "{ckpt_dir}",
+                "--metrics", "{metrics}")
+GSM8K_ENV = "SWEEPKIT_GSM8K"
+BATCH_DIVISOR = 16
+SMOKE_STEPS = 2
+SMOKE_GENERATE = 16
+SMOKE_PROMPT = 128
+SMOKE_EVAL_LIMIT = 8
+SMOKE_EVAL_SAMPLES = 2
+
+
+@hookimpl
+def sweep_register_targets(register):
+    register("trainer", Target(name="trainer", argv=TRAINER_ARGV, schema=schema()))
+
+
+@hookimpl
+def sweep_register_profiles(register):
+    register("smoke", smoke, "shrink every trainer cell to run on a CPU in minutes (tiny model, "
+                             "2 steps, short generations, batches / 16)")
+
+
+def smoke_dataset(dataset: str) -> str:
+    """Keep a local path; a hub name becomes $SWEEPKIT_GSM8K (if it exists) or 'synthetic'."""
+    if dataset == "synthetic" or Path(dataset).exists():
+        return dataset
+    local = os.environ.get(GSM8K_ENV)
+    if local and Path(local).exists():
+        return local
+    return "synthetic"
+
+
+def _scaled_batches(config: dict, defaults: dict) -> dict:
+    train = config.get("train_batch_size", defaults["train_batch_size"]["default"])
+    mini = config.get("policy_mini_batch_size", defaults["policy_mini_batch_size"]["default"])
+    ratio = max(train // mini, 1) if mini else 1
+    small_mini = max(mini // BATCH_DIVISOR, 1)
+    return {"train_batch_size": small_mini * ratio, "policy_mini_batch_size": small_mini}
+
+
+def smoke(config: dict, target_name: str) -> dict:
+    """The smoke profile's changes for one trainer cell (see the module docstring)."""
+    if target_name != "trainer":
+        return {}
+    fields = schema()
+    dataset = smoke_dataset(config.get("dataset", fields["dataset"]["default"]))
+    changes = {
+        "model": "tiny-random",
+        "dataset": dataset,
+        "device": "cpu",
+        "backend": "hf",
+        "gpus": 0,
+        "max_steps": SMOKE_STEPS,
+        "max_generate_length": min(config.get("max_generate_length", SMOKE_GENERATE), SMOKE_GENERATE),
+        "max_prompt_length": min(config.get("max_prompt_length", SMOKE_PROMPT), SMOKE_PROMPT),
+        "eval_limit": min(config.get("eval_limit") or SMOKE_EVAL_LIMIT, SMOKE_EVAL_LIMIT),
+        "eval_n_samples_per_prompt": min(config.get("eval_n_samples_per_prompt", SMOKE_EVAL_SAMPLES),
+                                         SMOKE_EVAL_SAMPLES),
+        "export_final": False,
+        **_scaled_batches(config, fields),
+    }
+    if config.get("num_gpus"):
+        changes["num_gpus"] = 0
+    if config.get("ckpt_interval", 0) > SMOKE_STEPS:
+        changes["ckpt_interval"] = SMOKE_STEPS
+    if dataset == "synthetic":
+        # Enough prompts for every step of the largest smoke batch, and no more.
+        changes["synthetic_size"] = max(64, changes["train_batch_size"] * SMOKE_STEPS)
+    return {k: v for k, v in changes.items()
+            if k not in config and k not in fields or config.get(k, fields.get(k, {}).get("default")) != v}
+
+
+@hookimpl
+def sweep_validate_cell(cell, session):
+    """The trainer's own value rules (ranges, choices, batch divisibility), for well-typed keys.
+
+    Unknown keys and wrong types are the core's to report; checking only the rest
+    here keeps each mistake reported once.
+    """
+    if cell.target.name != "trainer":
+        return []
+    fields = schema()
+    values = {}
+    for key, value in cell.target_config().items():
+        if key in fields:
+            try:
+                values[key] = check_type(key, value, fields[key]["type"])
+            except ConfigError:
+                continue
+    try:
+        TrainerConfig.from_dict(values, source="trainer")
+    except ConfigError as exc:
+        return [line.removeprefix("trainer: ") for line in str(exc).splitlines()]
+    return []

@@ -1,0 +1,166 @@
+"""The ``sweep`` command line: parse, build the session, call one command.
+
+Parsing happens twice, as in pytest: an early pass finds ``-p``, ``--rootdir``
+and the paths so that plugins (and the ``sweepconf.py`` next to the grids) are
+loaded first; then the full parser, with the options plugins added through
+``sweep_addoption``, parses for real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sweepkit import commands, plugin
+from sweepkit.collect import DEFAULT_GRID_DIR, split_arg
+from sweepkit.errors import UsageError
+from sweepkit.session import ExitCode, Session, make_console
+
+REPORT_FORMATS = ("table", "csv", "md", "json", "parquet")
+COMMANDS = ("list", "run", "status", "report", "plugins")
+
+
+class _EarlyParseError(Exception):
+    pass
+
+
+class _EarlyParser(argparse.ArgumentParser):
+    """Parses what it can and never exits: the full parser reports mistakes later."""
+
+    def error(self, message):
+        raise _EarlyParseError(message)
+
+    def exit(self, status=0, message=None):
+        raise _EarlyParseError(message or "")
+
+
+class OptionParser:
+    """What :func:`sweepkit.hookspec.sweep_addoption` receives."""
+
+    def __init__(self, subparsers: dict[str, argparse.ArgumentParser]):
+        self._subparsers = subparsers
+
+    def addoption(self, *flags: str, commands=("run",), **kwargs) -> None:
+        """Add an argparse option to the named subcommands (``"run"``, ``"list"``, ...)."""
+        for name in commands:
+            if name not in self._subparsers:
+                raise UsageError(f"addoption {flags}: no subcommand {name!r} "
+                                 f"(subcommands: {', '.join(self._subparsers)})")
+            self._subparsers[name].add_argument(*flags, **kwargs)
+
+
+def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--runs-dir", default=default, metavar="DIR",
+                        help="where run state lives (default: <rootdir>/runs)")
+    parser.add_argument("-p", dest="plugins", action="append", default=default, metavar="MODULE",
+                        help="load a plugin module (repeatable); -p no:NAME blocks one")
+    parser.add_argument("--rootdir", default=default, metavar="DIR",
+                        help="project root: paths are shown relative to it (default: cwd)")
+
+
+def build_parser(registry=None, parser_class=argparse.ArgumentParser):
+    """The full parser; help for executors and profiles comes from the registry."""
+    parser = parser_class(prog="sweep", description="Sweep training runs: grid files -> named "
+                                                    "cells -> runs -> tables.")
+    _global_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=parser_class)
+    executors = ", ".join(sorted(registry.executors)) if registry else ""
+    profiles = ", ".join(sorted(registry.profiles)) if registry else ""
+    paths_help = (f"grid files or directories, PATH::CELL for one cell "
+                  f"(default: {DEFAULT_GRID_DIR}/)")
+    subparsers = {}
+
+    def command(name, help):
+        p = sub.add_parser(name, help=help, description=help)
+        _global_options(p, suppress=True)
+        subparsers[name] = p
+        return p
+
+    def selection(p, failed: bool):
+        p.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
+        p.add_argument("-k", dest="keyword", metavar="EXPR",
+                       help="select cells whose ids/keywords match, e.g. 'tbs and not 512'")
+        p.add_argument("-m", dest="markexpr", metavar="MARKEXPR",
+                       help="select cells by marks, e.g. 'not slow'")
+        p.add_argument("--profile", metavar="NAME", help=f"rewrite every cell ({profiles or 'none'})")
+        if failed:
+            p.add_argument("--failed", action="store_true",
+                           help="only the cells whose last run failed")
+
+    selection(command("list", "list the cells and their diff against base (collect only)"), False)
+    run = command("run", "run the selected cells (skips completed ones)")
+    selection(run, True)
+    run.add_argument("--executor", metavar="NAME",
+                     help=f"where cells run ({executors or 'none registered'}; default: chosen by plugins)")
+    run.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
+    run.add_argument("--detach", action="store_true", help="submit and exit; follow with 'sweep status'")
+    again = run.add_mutually_exclusive_group()
+    again.add_argument("--rerun", action="store_true", help="run completed cells again, fresh")
+    again.add_argument("--resume", action="store_true", help="continue cells from their latest checkpoint")
+    status = command("status", "state, step and sec/step of each cell, from disk")
+    status.add_argument("paths", nargs="*", metavar="PATH", help=paths_help)
+    report = command("report", "throughput and accuracy tables from the runs on disk")
+    report.add_argument("paths", nargs="*", metavar="PATH", help="grid files or directories")
+    report.add_argument("--format", choices=REPORT_FORMATS, default="table")
+    command("plugins", "list active plugins and the hooks each implements")
+    return parser, subparsers
+
+
+def _early_options(argv: list[str]) -> argparse.Namespace:
+    parser, _ = build_parser(parser_class=_EarlyParser)
+    try:
+        options, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+        return options
+    except _EarlyParseError:
+        return argparse.Namespace(plugins=None, rootdir=None, runs_dir=None, paths=[])
+
+
+def _initial_sweepconf_dirs(paths: list[str], rootdir: Path) -> list[Path]:
+    if not paths:
+        return [rootdir / DEFAULT_GRID_DIR]
+    dirs = []
+    for arg in paths:
+        path = Path(split_arg(arg)[0])
+        if path.exists():
+            dirs.append(path if path.is_dir() else path.parent)
+    return dirs
+
+
+def start_session(argv: list[str]) -> Session:
+    early = _early_options(argv)
+    pm = plugin.make_plugin_manager()
+    plugin.load_plugins(pm, early.plugins or ())
+    session = Session.from_options(pm, early)
+    for directory in _initial_sweepconf_dirs(getattr(early, "paths", None) or [], session.rootdir):
+        for path in plugin.sweepconf_paths(directory, session.rootdir):
+            plugin.load_sweepconf(pm, path, session.rootdir)
+    plugin.check_pending(pm)
+    session.register_hooks()
+    parser, subparsers = build_parser(session.registry)
+    pm.hook.sweep_addoption.call_historic(kwargs={"parser": OptionParser(subparsers)})
+    session.options = parser.parse_args(argv)
+    return session
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    err = make_console(sys.stderr)
+    configured = None
+    try:
+        session = start_session(argv)
+        session.configure()
+        configured = session
+        return int(getattr(commands, f"cmd_{session.options.command}")(session))
+    except UsageError as exc:
+        for index, line in enumerate(exc.lines):
+            err.print(f"ERROR: {line}" if index == 0 else f"  {line}", markup=False)
+        return int(ExitCode.USAGE_ERROR)
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        return int(ExitCode.INTERRUPTED)
+    finally:
+        if configured is not None:
+            configured.unconfigure()

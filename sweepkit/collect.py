@@ -1,0 +1,236 @@
+"""Collection: command-line paths -> grid files -> cells (core plugin for ``*.py`` grids).
+
+A grid file is executed as a Python module; its module-level ``sk.*``
+declarations become cells (:mod:`sweepkit.resolve`). ``sweepconf.py`` files
+are loaded before the directory they sit in is collected.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+import attrs
+
+from sweepkit import plugin
+from sweepkit.cell import Cell, Mark, Target
+from sweepkit.errors import UsageError, did_you_mean, display_path
+from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, ProductDecl
+from sweepkit.hookspec import hookimpl
+from sweepkit.ids import format_value
+from sweepkit.resolve import GridSpec, Start, build_cells
+
+DEFAULT_GRID_DIR = "grids"
+DEFAULT_TARGET = "trainer"
+
+
+@attrs.frozen(kw_only=True)
+class Collected:
+    """Cells of the named files, and which cells each ``PATH::CELL`` argument asked for.
+
+    ``wanted`` maps a grid's display path to the cell ids named on the command
+    line, or to None when the whole file was named.
+    """
+
+    cells: tuple[Cell, ...]
+    wanted: dict[str, frozenset[str] | None]
+
+
+def split_arg(arg: str) -> tuple[str, str | None]:
+    path, sep, name = arg.partition("::")
+    return path, (name if sep else None)
+
+
+def grid_files_in(directory: Path) -> list[Path]:
+    """The grid files of a directory: ``*.py`` not starting with ``_``, minus ``sweepconf.py``."""
+    return sorted(p for p in directory.glob("*.py")
+                  if not p.name.startswith("_") and p.name != plugin.SWEEPCONF)
+
+
+def files_of_args(args: list[str], rootdir: Path) -> list[tuple[Path, str | None]]:
+    """``(grid file, cell id or None)`` per argument, directories expanded; no args: ``grids/``."""
+    if not args:
+        default = rootdir / DEFAULT_GRID_DIR
+        if not default.is_dir():
+            raise UsageError(f"no PATH given and no {DEFAULT_GRID_DIR}/ directory in {rootdir}")
+        args = [str(default)]
+    out = []
+    for arg in args:
+        raw, name = split_arg(arg)
+        path = Path(raw)
+        if not path.exists():
+            raise UsageError(f"{raw}: no such file or directory")
+        if path.is_dir():
+            if name is not None:
+                raise UsageError(f"{arg}: '::CELL' needs a grid file, not a directory")
+            out += [(p.resolve(), None) for p in grid_files_in(path)]
+        else:
+            out.append((path.resolve(), name))
+    return out
+
+
+def load_sweepconfs_for(directory: Path, session) -> None:
+    for path in plugin.sweepconf_paths(directory, session.rootdir):
+        plugin.load_sweepconf(session.pm, path, session.rootdir)
+    plugin.check_pending(session.pm)
+
+
+def collect(session, args: list[str]) -> Collected:
+    """Collect every grid file the arguments name (before profiles and selection)."""
+    cells: list[Cell] = []
+    wanted: dict[str, frozenset[str] | None] = {}
+    owners: dict[str, str] = {}
+    for path, name in files_of_args(args, session.rootdir):
+        display = session.display_path(path)
+        if display not in wanted:
+            file_cells = collect_file(path, session)
+            for cell in file_cells:
+                owner = owners.setdefault(cell.grid_name, cell.grid)
+                if owner != cell.grid:
+                    raise UsageError(f"{cell.grid} and {owner} are both grid {cell.grid_name!r}; "
+                                     f"their runs would share runs/{cell.grid_name}/: rename one")
+            cells += file_cells
+            wanted[display] = frozenset()
+        if name is None or wanted[display] is None:
+            wanted[display] = None
+        else:
+            wanted[display] = wanted[display] | {name}
+    return Collected(cells=tuple(cells), wanted=wanted)
+
+
+def collect_file(path: Path, session) -> list[Cell]:
+    """Cells of one grid file, collected once per session (a base from another grid reuses them)."""
+    path = Path(path).resolve()
+    if path in session.collected:
+        if session.collected[path] is None:
+            raise UsageError(f"{session.display_path(path)}: grids take their base from each other "
+                             "in a cycle")
+        return session.collected[path]
+    session.collected[path] = None
+    load_sweepconfs_for(path.parent, session)
+    try:
+        cells = session.hook.sweep_collect_file(path=path, session=session)
+    except GridError as exc:
+        raise UsageError(f"{session.display_path(exc.location[0])}:{exc.location[1]}: "
+                         f"{exc.message}") from None
+    if cells is None:
+        raise UsageError(f"{session.display_path(path)}: no plugin collects this file")
+    session.collected[path] = list(cells)
+    return session.collected[path]
+
+
+def exec_python_file(path: Path, rootdir: Path, module_name: str):
+    """Execute a grid or sweepconf file as a module; mistakes become file:line errors."""
+    display = display_path(path, rootdir)
+    source = path.read_text()
+    try:
+        tree = ast.parse(source, filename=str(path))
+        code = compile(tree, str(path), "exec")
+    except SyntaxError as exc:
+        pointer = ""
+        if exc.text:
+            pointer = "\n    " + exc.text.rstrip("\n") + "\n    " + " " * max((exc.offset or 1) - 1, 0) + "^"
+        raise UsageError(f"{display}:{exc.lineno}: syntax error: {exc.msg}{pointer}") from None
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    module.__dict__["__sweep_assignments__"] = _assignment_lines(tree)
+    sys.modules[module_name] = module
+    try:
+        exec(code, module.__dict__)
+    except GridError as exc:
+        raise UsageError(f"{display_path(exc.location[0], rootdir)}:{exc.location[1]}: "
+                         f"{exc.message}") from None
+    except Exception as exc:
+        line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
+                     if Path(f.filename) == path), 0)
+        raise UsageError(f"{display}:{line}: {type(exc).__name__}: {exc}") from None
+    return module
+
+
+def _assignment_lines(tree: ast.Module) -> dict[str, int]:
+    lines = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    lines[target.id] = node.lineno
+    return lines
+
+
+def _grid_spec(module, path: Path, session) -> GridSpec:
+    display = session.display_path(path)
+    lines = module.__dict__.get("__sweep_assignments__", {})
+    own = [(name, value) for name, value in vars(module).items()
+           if isinstance(value, (BaseDecl, CellDecl, AxisDecl, ProductDecl))
+           and Path(value.location[0]) == path]
+    bases = [(name, d) for name, d in own if isinstance(d, BaseDecl)]
+    if not bases:
+        raise UsageError(f"{display}: no base cell; declare one with base = sk.base(...)")
+    if len(bases) > 1:
+        raise GridError(bases[1][1].location, f"a second sk.base ({bases[1][0]!r}); a grid has one base")
+    base = bases[0][1]
+    module_marks = module.__dict__.get("marks", ())
+    module_marks = (module_marks,) if isinstance(module_marks, Mark) else tuple(module_marks)
+    if not all(isinstance(m, Mark) for m in module_marks):
+        raise GridError((str(path), lines.get("marks", 0)),
+                        f"marks: expected a list of sk.mark.<name>, got {module.marks!r}")
+    return GridSpec(
+        grid=display, grid_name=path.stem,
+        target=_target(module.__dict__.get("target", DEFAULT_TARGET), (str(path), lines.get("target", 0)),
+                       session),
+        module_marks=module_marks, base=base, base_start=_base_start(base, path, session),
+        declarations=tuple((n, d) for n, d in own if not isinstance(d, BaseDecl)))
+
+
+def _target(value, location, session) -> Target:
+    if isinstance(value, Target):
+        return value
+    known = session.registry.targets
+    if isinstance(value, str) and value in known:
+        return known[value]
+    names = ", ".join(sorted(known)) or "none; is the trainer plugin installed?"
+    raise GridError(location, f"target {value!r}: not a registered target (registered: {names}) "
+                              "and not an sk.command(...)")
+
+
+def _base_start(base: BaseDecl, path: Path, session) -> Start:
+    start = Start(config={}, locations={})
+    if base.from_cell is not None:
+        other_file, _, name = base.from_cell.partition("::")
+        other = (path.parent / other_file).resolve()
+        if not other.is_file():
+            raise GridError(base.location, f"from_cell={base.from_cell!r}: no grid file {other_file} "
+                                           f"next to this grid")
+        cells = {c.name: c for c in collect_file(other, session)}
+        if name not in cells:
+            raise GridError(base.location, f"from_cell={base.from_cell!r}: {other_file} has no cell "
+                                           f"{name!r}{did_you_mean(name, cells)}")
+        source = cells[name]
+        # Keep pointing at the other grid's lines for keys this base does not override.
+        start = Start(config=dict(source.config),
+                      locations={k: (str((session.rootdir / f).resolve()), line)
+                                 for k, (f, line) in source.key_locations.items()})
+    return start.updated(base.values, base.location)
+
+
+@hookimpl(trylast=True)
+def sweep_collect_file(path: Path, session):
+    if path.suffix != ".py":
+        return None
+    module_name = f"_sweepgrid_{path.stem}_{abs(hash(str(path)))}"
+    module = exec_python_file(path, session.rootdir, module_name)
+    spec = _grid_spec(module, path, session)
+
+    def make_id(axis_name, keys, values):
+        return session.hook.sweep_make_cell_id(axis_name=axis_name, keys=keys, values=values,
+                                               session=session)
+
+    return build_cells(spec, session.registry.launch_defaults(), make_id, session.display_path)
+
+
+@hookimpl(trylast=True)
+def sweep_make_cell_id(axis_name, keys, values, session):
+    return axis_name + "-".join(format_value(v) for v in values)

@@ -1,0 +1,123 @@
+"""The subcommands: each takes the configured session and returns an exit code.
+
+``run``, ``status`` and ``report`` hand over to the runner, status and report
+modules; ``list`` and ``plugins`` are complete here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+from rich.table import Table
+from rich.text import Text
+
+from sweepkit import plugin
+from sweepkit.cell import Cell
+from sweepkit.collect import DEFAULT_GRID_DIR, files_of_args
+from sweepkit.errors import UsageError
+from sweepkit.ids import format_value
+from sweepkit.session import ExitCode, Session
+
+
+def _short(value) -> str:
+    if isinstance(value, (float, bool)):
+        return format_value(value)
+    return json.dumps(value, default=repr) if not isinstance(value, str) else value
+
+
+def cell_line(cell: Cell) -> Text:
+    """``grids/x.py::tbs128  train_batch_size=128 policy_mini_batch_size=128  [slow]``."""
+    line = Text(cell.nodeid, style="bold")
+    diff = " ".join(f"{k}={_short(new)}" for k, (_, new) in cell.diff.items())
+    line.append("  " + (diff or "(base)"), style="" if diff else "dim")
+    marks = [f"xfail: {m.reason}" if m.name == "xfail" and m.reason else m.name for m in cell.marks]
+    if marks:
+        line.append("  [" + ", ".join(marks) + "]", style="yellow" if cell.xfail else "cyan")
+    if cell.profile_changes:
+        changes = " ".join(f"{k}={_short(new)}" for k, (_, new) in cell.profile_changes.items())
+        line.append(f"  | {cell.profile}: {changes}", style="dim")
+    return line
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _selected(session: Session) -> list[Cell]:
+    o = session.options
+    return session.select(o.paths, profile=o.profile, keyword=o.keyword, markexpr=o.markexpr,
+                          failed=getattr(o, "failed", False))
+
+
+def cmd_list(session: Session) -> int:
+    cells = _selected(session)
+    for cell in cells:
+        session.console.print(cell_line(cell))
+    total = sum(len(c) for c in session.collected.values() if c is not None)
+    grids = {c.grid for c in cells}
+    summary = f"{_plural(len(cells), 'cell')} in {_plural(len(grids), 'grid')}"
+    if total > len(cells):
+        summary += f" ({total - len(cells)} deselected)"
+    session.console.print(summary, style="bold", markup=False)
+    session.validate(cells, check_runs_dir=False, outcome="these cells would not run")
+    return ExitCode.OK if cells else ExitCode.NO_CELLS
+
+
+def _import_stage(module: str, name: str, command: str):
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise UsageError(f"sweep {command} needs {module}.{name}, which cannot be imported: {exc}") from None
+
+
+def cmd_run(session: Session) -> int:
+    cells = _selected(session)
+    if not cells:
+        session.err_console.print("no cells selected; nothing to run", markup=False)
+        return ExitCode.NO_CELLS
+    session.validate(cells, check_runs_dir=True)
+    executors = session.registry.executors
+    name = session.options.executor or session.hook.sweep_choose_executor(session=session)
+    if name not in executors:
+        known = ", ".join(sorted(executors)) or "none"
+        raise UsageError(f"--executor {name}: no such executor (registered: {known})")
+    session.options.executor = name
+    run_cells = _import_stage("sweepkit.runner", "run_cells", "run")
+    return run_cells(session, cells)
+
+
+def cmd_status(session: Session) -> int:
+    cells = list(session.collect(session.options.paths).cells)
+    show_status = _import_stage("sweepkit.status", "show_status", "status")
+    return show_status(session, cells)
+
+
+def report_grids(session: Session) -> list[str]:
+    """Grid names for ``sweep report``: from the paths' file names, without running the files."""
+    paths = session.options.paths
+    if not paths and not (session.rootdir / DEFAULT_GRID_DIR).is_dir():
+        runs = session.runs_dir
+        return sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    return list(dict.fromkeys(path.stem for path, _ in files_of_args(paths, session.rootdir)))
+
+
+def cmd_report(session: Session) -> int:
+    make_report = _import_stage("sweepkit.report", "make_report", "report")
+    return make_report(session, report_grids(session), session.options.format)
+
+
+def cmd_plugins(session: Session) -> int:
+    table = Table(title="active plugins", title_justify="left")
+    table.add_column("plugin", no_wrap=True)
+    table.add_column("loaded by", no_wrap=True)
+    table.add_column("hooks", overflow="fold")
+    for name, module in session.pm.list_name_plugin():
+        table.add_row(name, plugin.how_loaded(session.pm, name, module),
+                      ", ".join(plugin.hooks_of(session.pm, module)))
+    session.console.print(table)
+    registry = session.registry
+    for label, names in (("targets", registry.targets), ("executors", registry.executors),
+                         ("profiles", registry.profiles), ("launch keys", registry.keys)):
+        session.console.print(f"{label}: {', '.join(names) or '(none)'}", markup=False)
+    return ExitCode.OK

@@ -1,0 +1,189 @@
+"""The declarative grid-file API: ``sk.base``, ``sk.cell``, ``sk.axis``, ``sk.param``,
+``sk.product``, ``sk.command`` and ``sk.mark``.
+
+These calls only record what the file declares, with the file and line of each
+call; :mod:`sweepkit.collect` turns the recorded declarations into cells.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from sweepkit.cell import Mark, Target
+
+_THIS_FILE = __file__
+
+
+class GridError(Exception):
+    """A mistake in a grid file, at a known file and line."""
+
+    def __init__(self, location: tuple[str, int], message: str):
+        self.location = location
+        self.message = message
+        super().__init__(f"{location[0]}:{location[1]}: {message}")
+
+
+def caller_location() -> tuple[str, int]:
+    """File and line of the grid-file statement that called into this module."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == _THIS_FILE:
+        frame = frame.f_back
+    if frame is None:
+        return ("<unknown>", 0)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _marks(value, location) -> tuple[Mark, ...]:
+    items = [value] if isinstance(value, Mark) else list(value or ())
+    for item in items:
+        if not isinstance(item, Mark):
+            raise GridError(location, f"marks: expected sk.mark.<name> values, got {item!r}")
+    return tuple(items)
+
+
+class MarkGenerator:
+    """``sk.mark.<name>`` makes a mark of that name; ``sk.mark.xfail(reason=...)`` adds arguments."""
+
+    def __getattr__(self, name: str) -> Mark:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return Mark(name=name)
+
+
+mark = MarkGenerator()
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class BaseDecl:
+    values: Mapping[str, Any]
+    from_cell: str | None
+    marks: tuple[Mark, ...]
+    location: tuple[str, int]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class CellDecl:
+    values: Mapping[str, Any]
+    on: Any
+    marks: tuple[Mark, ...]
+    location: tuple[str, int]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Param:
+    value: Any
+    id: str | None
+    marks: tuple[Mark, ...]
+    location: tuple[str, int]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class AxisDecl:
+    """One-factor-at-a-time values of one key, or of several keys tied together."""
+
+    keys: tuple[str, ...]
+    params: tuple[Param, ...]
+    id_template: str | None
+    ids: tuple[str, ...] | None
+    on: Any
+    marks: tuple[Mark, ...]
+    location: tuple[str, int]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ProductDecl:
+    keys: tuple[str, ...]
+    values: tuple[tuple[Any, ...], ...]
+    id_template: str | None
+    on: Any
+    marks: tuple[Mark, ...]
+    location: tuple[str, int]
+
+
+def base(*, from_cell: str | None = None, marks=(), **values) -> BaseDecl:
+    """The canary cell, id ``base``; every other cell is a difference from it.
+
+    ``from_cell="other_grid.py::cell"`` starts from a cell of another grid (the path
+    is relative to this grid's directory); ``values`` then override it.
+    """
+    location = caller_location()
+    if from_cell is not None and "::" not in str(from_cell):
+        raise GridError(location, f"from_cell: expected 'grid.py::cell', got {from_cell!r}")
+    return BaseDecl(values=values, from_cell=from_cell, marks=_marks(marks, location),
+                    location=location)
+
+
+def cell(*, on=None, marks=(), **values) -> CellDecl:
+    """A named cell (its id is the variable it is assigned to): base + ``values``.
+
+    ``on=other_cell`` starts from another cell of this grid instead of the base.
+    """
+    location = caller_location()
+    return CellDecl(values=values, on=on, marks=_marks(marks, location), location=location)
+
+
+def param(value, *, id: str | None = None, marks=()) -> Param:
+    """One value of an axis with its own id or marks (pytest's ``pytest.param``)."""
+    location = caller_location()
+    return Param(value=value, id=id, marks=_marks(marks, location), location=location)
+
+
+def _split_keys(keys: str | Sequence[str], location) -> tuple[str, ...]:
+    names = keys.split(",") if isinstance(keys, str) else list(keys)
+    names = tuple(name.strip() for name in names)
+    if not names or any(not name.isidentifier() for name in names):
+        raise GridError(location, f"axis keys: expected 'key' or 'key1, key2', got {keys!r}")
+    return names
+
+
+def axis(keys: str | Sequence[str], values: Sequence, *, id: str | None = None,
+         ids: Sequence[str] | None = None, on=None, marks=()) -> AxisDecl:
+    """One cell per value, each changing only ``keys`` off the base (or off ``on``).
+
+    ``keys`` is one key or several tied together (``"num_inference_engines, inference_tp"``
+    with tuple values). Ids come from ``sk.param(id=...)``, else ``ids``, else the
+    ``id`` template (``"tbs{train_batch_size}"``), else the variable name and the values.
+    """
+    location = caller_location()
+    names = _split_keys(keys, location)
+    params = tuple(v if isinstance(v, Param) else Param(value=v, id=None, marks=(), location=location)
+                   for v in values)
+    if not params:
+        raise GridError(location, f"axis over {', '.join(names)}: no values")
+    for p in params:
+        if len(names) > 1 and (not isinstance(p.value, (tuple, list)) or len(p.value) != len(names)):
+            raise GridError(p.location, f"axis over {', '.join(names)}: value {p.value!r} "
+                                        f"must be a tuple of {len(names)} values")
+    if ids is not None:
+        ids = tuple(ids)
+        if len(ids) != len(params):
+            raise GridError(location, f"axis over {', '.join(names)}: {len(ids)} ids "
+                                      f"for {len(params)} values")
+    return AxisDecl(keys=names, params=params, id_template=id, ids=ids, on=on,
+                    marks=_marks(marks, location), location=location)
+
+
+def product(*, id: str | None = None, on=None, marks=(), **axes: Sequence) -> ProductDecl:
+    """The full cartesian product of the given keys' values; only where a file asks for it."""
+    location = caller_location()
+    if not axes:
+        raise GridError(location, "product: give at least one key=[values]")
+    for key, values in axes.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise GridError(location, f"product: {key} needs a non-empty list of values")
+    return ProductDecl(keys=tuple(axes), values=tuple(tuple(v) for v in axes.values()),
+                       id_template=id, on=on, marks=_marks(marks, location), location=location)
+
+
+def command(*argv: str, schema: Mapping[str, dict] | None = None) -> Target:
+    """A target that runs any command: ``sk.command("{python}", "train.py", "{config}")``.
+
+    Without a schema, keys are free; a key's type is then checked against the base value's.
+    """
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise GridError(caller_location(), f"command: expected strings, got {argv!r}")
+    return Target(name="command", argv=argv, schema=schema)

@@ -1,0 +1,184 @@
+"""From a grid file's declarations to cells: configs, ids, marks and diffs.
+
+A cell's config is its starting point (the base, or ``on=``) updated with its own
+values; its diff is taken against the base. Two cells with one id, or two cells
+with the same config, are errors: ids must mean one thing, and a duplicate run
+is wasted compute.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from sweepkit import ids
+from sweepkit.cell import Cell, Mark, Target, canonical_config
+from sweepkit.errors import did_you_mean
+from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, Param, ProductDecl
+
+Location = tuple[str, int]
+
+
+@attrs.frozen(kw_only=True)
+class Start:
+    """A config with the place each key was set."""
+
+    config: Mapping[str, Any]
+    locations: Mapping[str, Location]
+
+    def updated(self, values: Mapping[str, Any], location: Location) -> "Start":
+        return Start(config={**self.config, **values},
+                     locations={**self.locations, **{k: location for k in values}})
+
+
+@attrs.frozen(kw_only=True)
+class GridSpec:
+    """What the module of a grid file declared, in file order."""
+
+    grid: str                  # display path
+    grid_name: str
+    target: Target
+    module_marks: tuple[Mark, ...]
+    base: BaseDecl
+    base_start: Start          # the base's config, from_cell already applied
+    declarations: tuple[tuple[str, Any], ...]  # (variable name, declaration), base excluded
+
+
+@attrs.frozen(kw_only=True)
+class Draft:
+    name: str
+    start: Start
+    marks: tuple[Mark, ...]
+    location: Location
+    keywords: frozenset[str]
+
+
+def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
+                make_id: Callable[[str, tuple, tuple], str | None],
+                display: Callable[[str], str]) -> list[Cell]:
+    """Resolve every declaration; GridError on the first mistake, at its file:line."""
+    drafts = [Draft(name="base", start=spec.base_start, marks=spec.module_marks + spec.base.marks,
+                    location=spec.base.location, keywords=frozenset({"base"}))]
+    cell_names = {decl: name for name, decl in spec.declarations if isinstance(decl, CellDecl)}
+    resolved: dict[int, Start] = {}
+
+    def start_of(on, location: Location, chain=()) -> Start:
+        if on is None or isinstance(on, BaseDecl):
+            return spec.base_start
+        if isinstance(on, str):
+            matches = [d for d, n in cell_names.items() if n == on]
+            if not matches:
+                raise GridError(location, f"on={on!r}: no cell of that name in this grid"
+                                          f"{did_you_mean(on, cell_names.values())}")
+            on = matches[0]
+        if not isinstance(on, CellDecl):
+            raise GridError(location, f"on=: expected a cell (sk.cell or sk.base), got {on!r}")
+        if on not in cell_names:
+            raise GridError(location, "on=: that cell is not assigned to a module-level name")
+        return cell_start(on, chain)
+
+    def cell_start(decl: CellDecl, chain=()) -> Start:
+        if id(decl) not in resolved:
+            if decl in chain:
+                raise GridError(decl.location, "on=: cells build on each other in a cycle")
+            start = start_of(decl.on, decl.location, chain + (decl,))
+            resolved[id(decl)] = start.updated(decl.values, decl.location)
+        return resolved[id(decl)]
+
+    for name, decl in spec.declarations:
+        if isinstance(decl, CellDecl):
+            drafts.append(Draft(name=name, start=cell_start(decl),
+                                marks=spec.module_marks + decl.marks, location=decl.location,
+                                keywords=frozenset({name})))
+        elif isinstance(decl, (AxisDecl, ProductDecl)):
+            drafts.extend(_axis_drafts(name, decl, start_of(decl.on, decl.location),
+                                       spec.module_marks, make_id))
+
+    _check_ids(drafts, display)
+    _check_duplicate_configs(drafts, display)
+    base_config = spec.base_start.config
+    schema = spec.target.schema or {}
+    return [
+        Cell(grid=spec.grid, grid_name=spec.grid_name, name=d.name, config=d.start.config,
+             target=spec.target, diff=config_diff(base_config, d.start.config, schema),
+             marks=d.marks, location=(display(d.location[0]), d.location[1]),
+             keywords=d.keywords | {spec.grid_name} | {m.name for m in d.marks},
+             launch_keys=launch_keys,
+             key_locations={k: (display(f), line) for k, (f, line) in d.start.locations.items()})
+        for d in drafts
+    ]
+
+
+def _axis_drafts(name: str, decl, start: Start, module_marks, make_id) -> list[Draft]:
+    missing = [k for k in decl.keys if k not in start.config]
+    if missing:
+        where = "the cell it is on" if decl.on is not None else "the base"
+        raise GridError(decl.location, f"axis over {', '.join(repr(k) for k in missing)}: "
+                                       f"{where} has no such key; set it there to sweep it"
+                                       f"{did_you_mean(missing[0], start.config)}")
+    drafts = []
+    for index, (param, values) in enumerate(_points(decl)):
+        point = dict(zip(decl.keys, values))
+        cell_id = param.id
+        if cell_id is None and getattr(decl, "ids", None) is not None:
+            cell_id = decl.ids[index]
+        if cell_id is None and decl.id_template is not None:
+            try:
+                cell_id = ids.from_template(decl.id_template, point)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise GridError(decl.location, f"id template {decl.id_template!r}: {exc!s} is not "
+                                               f"one of the keys {', '.join(decl.keys)}") from None
+        if cell_id is None:
+            cell_id = make_id(name, decl.keys, values)
+        marks = module_marks + decl.marks + param.marks
+        drafts.append(Draft(name=cell_id, start=start.updated(point, param.location), marks=marks,
+                            location=param.location, keywords=frozenset({cell_id, name})))
+    return drafts
+
+
+def _points(decl) -> list[tuple[Param, tuple]]:
+    if isinstance(decl, AxisDecl):
+        return [(p, tuple(p.value) if len(decl.keys) > 1 else (p.value,)) for p in decl.params]
+    plain = Param(value=None, id=None, marks=(), location=decl.location)
+    return [(plain, combo) for combo in itertools.product(*decl.values)]
+
+
+def _check_ids(drafts: list[Draft], display) -> None:
+    seen: dict[str, Draft] = {}
+    for draft in drafts:
+        problem = ids.id_problem(draft.name)
+        if problem:
+            raise GridError(draft.location, problem)
+        if draft.name in seen:
+            first = seen[draft.name].location
+            raise GridError(draft.location, f"cell id {draft.name!r} is already used by the cell "
+                                            f"at {display(first[0])}:{first[1]}; ids must be unique")
+        seen[draft.name] = draft
+
+
+def _check_duplicate_configs(drafts: list[Draft], display) -> None:
+    seen: dict[str, Draft] = {}
+    for draft in drafts:
+        key = canonical_config(draft.start.config)
+        if key in seen:
+            first = seen[key]
+            raise GridError(draft.location,
+                            f"cell {draft.name!r} has the same config as cell {first.name!r} "
+                            f"({display(first.location[0])}:{first.location[1]}); "
+                            "a duplicate cell would run the same thing twice")
+        seen[key] = draft
+
+
+def config_diff(before: Mapping[str, Any], after: Mapping[str, Any],
+                schema: Mapping[str, dict]) -> dict[str, tuple[Any, Any]]:
+    """Keys whose value changed: ``key -> (before, after)``; an unset key shows its default."""
+    out = {}
+    for key in list(before) + [k for k in after if k not in before]:
+        old = before.get(key, schema.get(key, {}).get("default"))
+        new = after.get(key, schema.get(key, {}).get("default"))
+        if canonical_config({"v": old}) != canonical_config({"v": new}):
+            out[key] = (old, new)
+    return out

@@ -1,0 +1,162 @@
+"""Validation of selected cells before anything runs (core plugin for keys and types).
+
+Every error of every cell, from the core and from each plugin's
+``sweep_validate_cell``, is gathered and reported together, each with the
+file:line where the offending key was set; one error stops the whole run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Union
+
+from sweepkit.cell import Cell
+from sweepkit.errors import UsageError, did_you_mean
+from sweepkit.hookspec import hookimpl
+
+
+def type_name(tp) -> str:
+    if tp is type(None):
+        return "null"
+    if tp is Any:
+        return "any"
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(type_name(a) for a in typing.get_args(tp))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def check_type(value: Any, tp) -> bool:
+    """Whether ``value`` (as written in a grid, or read from JSON) fits the annotation ``tp``.
+
+    Ints are accepted for floats; lists for tuples (JSON has no tuples); bools are not ints.
+    """
+    if tp is Any:
+        return True
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return any(check_type(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if tp is type(None) or tp is None:
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is tuple or tp is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False
+        if not args:
+            return True
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(check_type(v, args[0]) for v in value)
+        return len(value) == len(args) and all(check_type(v, a) for v, a in zip(value, args))
+    if origin is list or tp is list:
+        return isinstance(value, (list, tuple)) and all(check_type(v, args[0]) for v in value if args)
+    if origin is dict or tp is dict:
+        return isinstance(value, Mapping) and all(
+            check_type(k, args[0]) and check_type(v, args[1]) for k, v in value.items() if args)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def _same_kind(before: Any, after: Any) -> bool:
+    """For a target without schema: a value keeps the kind of the base's value."""
+    if before is None or after is None:
+        return True
+    numbers = (int, float)
+    if isinstance(before, bool) or isinstance(after, bool):
+        return isinstance(before, bool) and isinstance(after, bool)
+    if isinstance(before, numbers) and isinstance(after, numbers):
+        return True
+    if isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)):
+        return True
+    return type(before) is type(after)
+
+
+def key_errors(cell: Cell, launch_types: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(key, message)`` for unknown keys and wrongly typed values of one cell."""
+    errors = []
+    schema = cell.target.schema
+    for key, value in cell.config.items():
+        if key in launch_types:
+            tp = launch_types[key]
+        elif schema is None:
+            before = cell.diff.get(key, (None, None))[0]
+            if not _same_kind(before, value):
+                errors.append((key, f"{key}: expected {type(before).__name__} like the base's "
+                                    f"{before!r}, got {value!r} ({type(value).__name__})"))
+            continue
+        elif key in schema:
+            tp = schema[key]["type"]
+        else:
+            hint = did_you_mean(key, list(schema) + list(launch_types), n=1)
+            errors.append((key, f"{key}: unknown key for target {cell.target.name!r}{hint}"))
+            continue
+        if not check_type(value, tp):
+            name = schema[key]["type_name"] if schema and key in schema else type_name(tp)
+            errors.append((key, f"{key}: expected {name}, got {value!r} ({type(value).__name__})"))
+    return errors
+
+
+def runs_dir_problem(runs_dir: Path) -> str | None:
+    """Why the runs dir cannot hold run state, or None (it is created if missing)."""
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=runs_dir, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        return f"runs dir {runs_dir} is not writable: {exc.strerror or exc}"
+    if not os.access(runs_dir, os.W_OK):
+        return f"runs dir {runs_dir} is not writable"
+    return None
+
+
+def _located(cell: Cell, message: str) -> tuple[str, int]:
+    head = message.split(":", 1)[0].strip().strip("'\"")
+    return cell.location_of(head) if head in cell.config else cell.location
+
+
+def validate(session, cells: list[Cell], *, runs_dir: Path | None = None,
+             outcome: str = "nothing was run") -> None:
+    """Raise one UsageError listing every problem of every cell (grouped by place and message)."""
+    grouped: dict[tuple[str, int, str], list[str]] = {}
+    for cell in cells:
+        results = session.hook.sweep_validate_cell(cell=cell, session=session)
+        for message in (m for messages in results for m in (messages or ())):
+            file, line = _located(cell, message)
+            grouped.setdefault((file, line, message), []).append(cell.name)
+    lines = []
+    for (file, line, message), names in grouped.items():
+        who = names[0] if len(names) == 1 else f"{', '.join(names)} ({len(names)} cells)"
+        lines.append(f"{file}:{line}: {who}: {message}")
+    if runs_dir is not None:
+        problem = runs_dir_problem(runs_dir)
+        if problem:
+            lines.append(problem)
+    if lines:
+        count = len(lines)
+        raise UsageError(*lines, f"{count} error{'s' if count > 1 else ''} found; {outcome}")
+
+
+@hookimpl
+def sweep_validate_cell(cell: Cell, session) -> list[str]:
+    launch_types = {name: spec.type for name, spec in session.registry.keys.items()}
+    return [message for _, message in key_errors(cell, launch_types)]
