@@ -1,0 +1,230 @@
+"""End-to-end tests of scripts/local-slurm: real jobs on the local cluster, read back through sacct."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+from submitit.core.utils import FailedJobError
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm"
+DAEMONS = ("mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd")
+UNFINISHED = {"", "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED"}
+# A guard against hanging forever, not a performance assertion: jobs here
+# take seconds; the slow tests set their own bound.
+JOB_DEADLINE_S = 120
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        shutil.which("sbatch") is None,
+        reason="sbatch is not on PATH: SLURM is not installed (run `sudo scripts/local-slurm start`)",
+    ),
+]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="starting and restarting daemons needs root")
+needs_slow = pytest.mark.skipif(
+    os.environ.get("SWEEPKIT_SLOW") != "1",
+    reason="waits for a 1-minute time limit to expire; set SWEEPKIT_SLOW=1 to run",
+)
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    status = run_script("status")
+    if status.returncode == 0:
+        return
+    if os.geteuid() != 0:
+        pytest.skip(f"local cluster is not healthy and only root can start it:\n{status.stdout}")
+    started = run_script("start")
+    assert started.returncode == 0, f"scripts/local-slurm start failed:\n{started.stderr}"
+
+
+def sbatch(*args: str) -> str:
+    submitted = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, check=True)
+    return submitted.stdout.strip().split(";")[0]
+
+
+def sacct_row(job_id: str) -> dict[str, str]:
+    fields = ("State", "ExitCode", "Elapsed")
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", ",".join(fields)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    values = out.splitlines()[0].split("|") if out else [""] * len(fields)
+    row = dict(zip(fields, values))
+    # sacct appends " by <uid>" to CANCELLED; only the state word matters here.
+    row["State"] = row["State"].split(" ")[0]
+    return row
+
+
+def wait_until_finished(job_id: str, deadline_s: float = JOB_DEADLINE_S) -> dict[str, str]:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        row = sacct_row(job_id)
+        if row["State"] not in UNFINISHED:
+            return row
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} still {row['State'] or 'unknown to sacct'} after {deadline_s}s; {logs_hint()}")
+        time.sleep(0.5)
+
+
+def wait_until_state(job_id: str, wanted: str) -> None:
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while (state := sacct_row(job_id)["State"]) != wanted:
+        if state not in UNFINISHED or time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} is {state}, never reached {wanted}; {logs_hint()}")
+        time.sleep(0.5)
+
+
+def logs_hint() -> str:
+    return f"see logs in {os.environ.get('SWEEPKIT_SLURM_DIR', '/var/lib/sweepkit-slurm')}/log"
+
+
+def daemon_pids(program: str) -> list[int]:
+    """Top-level processes named `program`; slurmctld briefly shows its own
+    name in the helper it forks (slurmscriptd), which is not a second daemon."""
+    out = subprocess.run(["pgrep", "-x", program], capture_output=True, text=True).stdout
+    pids = [int(pid) for pid in out.split()]
+    return [pid for pid in pids if parent_pid(pid) not in pids]
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may contain spaces.
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+
+
+def submitit_final_state(job: submitit.Job) -> str:
+    """submitit throttles its sacct calls, so `job.state` can still read UNKNOWN
+    just after `result()`; force fresh reads until the job is finished."""
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while (state := job.get_info(mode="force").get("State", "")) in UNFINISHED | {"UNKNOWN"}:
+        if time.monotonic() > deadline:
+            pytest.fail(f"submitit job {job.job_id} still {state or 'unknown'}; {logs_hint()}")
+        time.sleep(0.5)
+    return state
+
+
+def test_batch_job_completes_and_sacct_reports_completed(cluster: None, tmp_path: Path) -> None:
+    output = tmp_path / "job.out"
+    job_id = sbatch("--output", str(output), "--wrap", "echo ran-on-$(hostname -s)")
+
+    row = wait_until_finished(job_id)
+
+    assert row["State"] == "COMPLETED"
+    assert row["ExitCode"] == "0:0"
+    assert output.read_text().strip() == f"ran-on-{os.uname().nodename.split('.')[0]}"
+
+
+def test_failing_job_is_failed_in_sacct_with_its_exit_code(cluster: None, tmp_path: Path) -> None:
+    job_id = sbatch("--output", str(tmp_path / "job.out"), "--wrap", "exit 3")
+
+    row = wait_until_finished(job_id)
+
+    assert row["State"] == "FAILED"
+    assert row["ExitCode"] == "3:0"
+
+
+@needs_root
+def test_start_twice_leaves_one_of_each_daemon(cluster: None) -> None:
+    first = run_script("start")
+    second = run_script("start")
+
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    assert "up in" in second.stdout
+    for program in DAEMONS:
+        assert len(daemon_pids(program)) == 1, f"{program}: {daemon_pids(program)}"
+    assert run_script("status").returncode == 0
+
+
+@needs_root
+def test_controller_restart_keeps_a_running_job(cluster: None, tmp_path: Path) -> None:
+    output = tmp_path / "job.out"
+    job_id = sbatch("--output", str(output), "--wrap", "sleep 6; echo survived")
+    wait_until_state(job_id, "RUNNING")
+    controller_before = daemon_pids("slurmctld")
+
+    restarted = run_script("restart-ctld")
+    row = wait_until_finished(job_id)
+
+    assert restarted.returncode == 0, restarted.stderr
+    assert daemon_pids("slurmctld") != controller_before
+    assert len(daemon_pids("slurmctld")) == 1
+    assert row["State"] == "COMPLETED"
+    assert output.read_text().strip() == "survived"
+
+
+def test_submitit_runs_a_function_and_returns_its_result(cluster: None, tmp_path: Path) -> None:
+    # Defined inside the test so cloudpickle ships it by value: the job's
+    # interpreter cannot import this test module.
+    def describe(numbers: list[int]) -> tuple[int, str]:
+        import socket
+
+        return sum(n * n for n in numbers), socket.gethostname()
+
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(timeout_min=5, slurm_partition="debug", cpus_per_task=1)
+
+    job = executor.submit(describe, [1, 2, 3])
+
+    assert job.result() == (14, os.uname().nodename)
+    assert submitit_final_state(job) == "COMPLETED"
+
+
+def test_submitit_surfaces_the_exception_of_a_failing_function(cluster: None, tmp_path: Path) -> None:
+    def broken_cell() -> None:
+        raise ValueError("learning rate must be positive")
+
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(timeout_min=5, slurm_partition="debug")
+
+    job = executor.submit(broken_cell)
+
+    with pytest.raises(FailedJobError, match="learning rate must be positive"):
+        job.result()
+    assert submitit_final_state(job) == "FAILED"
+
+
+@pytest.mark.slow
+@needs_slow
+def test_job_past_its_time_limit_ends_as_timeout(cluster: None, tmp_path: Path) -> None:
+    job_id = sbatch("--time=1", "--output", str(tmp_path / "job.out"), "--wrap", "sleep 300")
+
+    row = wait_until_finished(job_id, deadline_s=240)
+
+    assert row["State"] == "TIMEOUT"
+
+
+@pytest.mark.slow
+@needs_slow
+def test_submitit_signal_before_the_limit_fails_a_non_checkpointable_job(cluster: None, tmp_path: Path) -> None:
+    # SLURM may send the --signal warning up to a minute early, so with a
+    # 1-minute limit submitit's USR2 handler always runs before TIMEOUT and
+    # ends a plain (non-Checkpointable) function as FAILED.
+    def sleep_for(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(timeout_min=1, slurm_partition="debug", slurm_signal_delay_s=15)
+
+    job = executor.submit(sleep_for, 300)
+
+    with pytest.raises(FailedJobError, match="timed-out and not checkpointable"):
+        job.result()
+    assert submitit_final_state(job) == "FAILED"
