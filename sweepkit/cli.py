@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
 from sweepkit import commands, plugin
@@ -161,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         return int(ExitCode.INTERRUPTED)
+    except Exception:
+        err.print("INTERNAL ERROR (a bug in sweepkit or a plugin):", markup=False)
+        err.print(traceback.format_exc(), markup=False)
+        return int(ExitCode.INTERNAL_ERROR)
     finally:
         if configured is not None:
             configured.unconfigure()

@@ -117,15 +117,20 @@ def key_errors(cell: Cell, launch_types: Mapping[str, Any]) -> list[tuple[str, s
 
 
 def runs_dir_problem(runs_dir: Path) -> str | None:
-    """Why the runs dir cannot hold run state, or None (it is created if missing)."""
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=runs_dir, prefix=".write-test-"):
-            pass
-    except OSError as exc:
-        return f"runs dir {runs_dir} is not writable: {exc.strerror or exc}"
-    if not os.access(runs_dir, os.W_OK):
-        return f"runs dir {runs_dir} is not writable"
+    """Why the runs dir cannot hold run state, or None. A missing dir is fine if it can be made."""
+    existing = Path(runs_dir)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"runs dir {runs_dir} is not writable: {existing} is not a directory"
+    if existing == Path(runs_dir):
+        try:
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-test-"):
+                pass
+        except OSError as exc:
+            return f"runs dir {runs_dir} is not writable: {exc.strerror or exc}"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        return f"runs dir {runs_dir} cannot be created: {existing} is not writable"
     return None
 
 
@@ -136,7 +141,14 @@ def _located(cell: Cell, message: str) -> tuple[str, int]:
 
 def validate(session, cells: list[Cell], *, runs_dir: Path | None = None,
              outcome: str = "nothing was run") -> None:
-    """Raise one UsageError listing every problem of every cell (grouped by place and message)."""
+    """Raise one UsageError listing every problem of every cell (grouped by place and message).
+
+    An unusable runs dir is reported first and alone: plugins' checks may read run state there.
+    """
+    if runs_dir is not None:
+        problem = runs_dir_problem(runs_dir)
+        if problem:
+            raise UsageError(problem, outcome)
     grouped: dict[tuple[str, int, str], list[str]] = {}
     for cell in cells:
         results = session.hook.sweep_validate_cell(cell=cell, session=session)
@@ -147,10 +159,6 @@ def validate(session, cells: list[Cell], *, runs_dir: Path | None = None,
     for (file, line, message), names in grouped.items():
         who = names[0] if len(names) == 1 else f"{', '.join(names)} ({len(names)} cells)"
         lines.append(f"{file}:{line}: {who}: {message}")
-    if runs_dir is not None:
-        problem = runs_dir_problem(runs_dir)
-        if problem:
-            lines.append(problem)
     if lines:
         count = len(lines)
         raise UsageError(*lines, f"{count} error{'s' if count > 1 else ''} found; {outcome}")

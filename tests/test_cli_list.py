@@ -1,0 +1,69 @@
+"""`sweep list` on the project's own grids, and the command line itself."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+THROUGHPUT = ["base", "tbs64", "tbs128", "tbs256", "tbs512", "n8", "n16", "gmu080", "gmu085",
+              "cudagraph", "2xTP2", "1xTP4", "micro", "reshard", "disaggregated",
+              "combo_A", "combo_B", "combo_C"]
+
+
+def sweep(*args, cwd=REPO):
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("SWEEPKIT_GSM8K", None)
+    return subprocess.run([sys.executable, "-m", "sweepkit", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_lists_the_18_throughput_cells():
+    result = sweep("list", "grids/gsm8k_throughput.py")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == \
+        [f"grids/gsm8k_throughput.py::{name}" for name in THROUGHPUT]
+    assert lines[-1] == "18 cells in 1 grid"
+    assert "grids/gsm8k_throughput.py::cudagraph  enforce_eager=false" in result.stdout
+    assert "grids/gsm8k_throughput.py::tbs512  train_batch_size=512 policy_mini_batch_size=512  " \
+           "[gsm8k, throughput, slow]" in result.stdout
+
+
+def test_list_with_profile_shows_what_it_shrank():
+    result = sweep("list", "grids/gsm8k_throughput.py::tbs128", "--profile", "smoke")
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.splitlines()[0]
+    assert line.startswith("grids/gsm8k_throughput.py::tbs128  train_batch_size=128 "
+                           "policy_mini_batch_size=128  [gsm8k, throughput]  | smoke: ")
+    for change in ("model=tiny-random", "dataset=synthetic", "backend=hf", "device=cpu", "gpus=0",
+                   "train_batch_size=8", "policy_mini_batch_size=8", "max_steps=2"):
+        assert change in line
+
+
+def test_unknown_profile_lists_registered_ones():
+    result = sweep("list", "--profile", "smok")
+    assert result.returncode == 4
+    assert "--profile smok: no such profile (registered: smoke)" in result.stderr
+
+
+def test_console_script_and_help():
+    script = Path(sys.executable).with_name("sweep")
+    result = subprocess.run([str(script), "run", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for option in ("--profile", "--executor", "--dry-run", "--detach", "--rerun", "--resume",
+                   "--failed", "-k", "-m", "--runs-dir"):
+        assert option in result.stdout
+    assert "smoke" in result.stdout  # help for --profile comes from the registry
+
+
+def test_missing_subcommand_is_a_usage_error():
+    result = sweep()
+    assert result.returncode == 2
+    assert "usage: sweep" in result.stderr
+
+
+def test_rerun_and_resume_exclude_each_other():
+    result = sweep("run", "--rerun", "--resume")
+    assert result.returncode == 2
+    assert "not allowed with argument" in result.stderr
