@@ -120,14 +120,15 @@ def _early_options(argv: list[str]) -> argparse.Namespace:
 
 
 def _initial_sweepconf_dirs(paths: list[str], rootdir: Path) -> list[Path]:
-    if not paths:
+    """Directories whose sweepconf.py must load before the full parse (they may add options).
+
+    The early parse cannot tell an unknown option's value from a path, so arguments
+    that are not existing paths are skipped; with none left, ``grids/`` is meant.
+    """
+    existing = [Path(split_arg(arg)[0]) for arg in paths if Path(split_arg(arg)[0]).exists()]
+    if not existing:
         return [rootdir / DEFAULT_GRID_DIR]
-    dirs = []
-    for arg in paths:
-        path = Path(split_arg(arg)[0])
-        if path.exists():
-            dirs.append(path if path.is_dir() else path.parent)
-    return dirs
+    return [path if path.is_dir() else path.parent for path in existing]
 
 
 def start_session(argv: list[str]) -> Session:

@@ -1,0 +1,127 @@
+"""The project's grids: cell counts and names, cross-grid base, smoke profile, no torch import."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def collect_in_process(*args: str, profile: str | None = None) -> dict[str, dict]:
+    """nodeid -> cell JSON, collected in a fresh interpreter that also reports its imports."""
+    script = f"""
+import json, sys
+from sweepkit.cli import start_session
+session = start_session(["list", *{list(args)!r}] + ({["--profile", profile] if profile else []!r}))
+session.configure()
+o = session.options
+cells = session.select(o.paths, profile=o.profile)
+session.validate(cells, check_runs_dir=False)
+print(json.dumps({{"cells": {{c.nodeid: c.to_json() for c in cells}},
+                  "torch": "torch" in sys.modules,
+                  "plugins": [name for name, _ in session.pm.list_name_plugin()]}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "SWEEPKIT_GSM8K"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def grids():
+    return collect_in_process()
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return collect_in_process(profile="smoke")
+
+
+def names(cells: dict, grid: str) -> list[str]:
+    return [c["name"] for c in cells.values() if c["grid"] == f"grids/{grid}.py"]
+
+
+def test_collecting_every_grid_with_the_trainer_plugin_imports_no_torch(grids):
+    assert "trainer" in grids["plugins"]
+    assert grids["torch"] is False
+
+
+def test_throughput_grid_has_the_18_cells(grids):
+    cells = names(grids["cells"], "gsm8k_throughput")
+    assert len(cells) == 18
+    assert {"base", "tbs64", "tbs128", "tbs256", "tbs512", "n8", "n16", "gmu080", "gmu085",
+            "cudagraph", "2xTP2", "1xTP4", "reshard", "disaggregated", "combo_C"} <= set(cells)
+    base = grids["cells"]["grids/gsm8k_throughput.py::base"]["config"]
+    assert base["model"] == "Qwen/Qwen2.5-1.5B-Instruct" and base["gpus"] == 4
+    assert (base["train_batch_size"], base["n_samples_per_prompt"], base["num_inference_engines"],
+            base["inference_tp"], base["lr"]) == (32, 4, 4, 1, 1e-6)
+    combo_c = grids["cells"]["grids/gsm8k_throughput.py::combo_C"]["diff"]
+    assert combo_c["enforce_eager"] == [True, False] and combo_c["train_batch_size"] == [32, 128]
+
+
+def test_accuracy_grid_starts_from_combo_c(grids):
+    cells = grids["cells"]
+    accuracy = names(cells, "gsm8k_accuracy")
+    assert 18 <= len(accuracy) <= 22
+    assert {"combo_acc", "combo_acc_stab", "gen1024", "clip_high", "entbonus", "lr1e-5"} <= set(accuracy)
+    combo_c = cells["grids/gsm8k_throughput.py::combo_C"]["config"]
+    base = cells["grids/gsm8k_accuracy.py::base"]["config"]
+    assert {k: v for k, v in base.items() if k in combo_c and k not in ("lr", "time_limit")} == \
+        {k: v for k, v in combo_c.items() if k not in ("lr", "time_limit")}
+    stab = cells["grids/gsm8k_accuracy.py::combo_acc_stab"]["diff"]
+    assert stab == {"lr": [1e-6, 1e-5], "n_samples_per_prompt": [4, 8],
+                    "max_generate_length": [512, 1024], "use_entropy_loss": [False, True]}
+
+
+def test_ceiling_probes_are_expected_failures(grids):
+    cells = grids["cells"]
+    for name in names(cells, "gsm8k_ceilings"):
+        marks = [m["name"] for m in cells[f"grids/gsm8k_ceilings.py::{name}"]["marks"]]
+        assert ("xfail" in marks) == (name != "base")
+
+
+def test_synthetic_grid_is_a_small_cpu_lr_sweep(grids):
+    cells = {n: grids["cells"][f"grids/learn_synthetic.py::{n}"] for n in names(grids["cells"], "learn_synthetic")}
+    assert 3 <= len(cells) <= 5
+    assert len({c["config"]["lr"] for c in cells.values()}) == len(cells)
+    for cell in cells.values():
+        assert cell["launch"]["gpus"] == 0 and cell["target_config"]["device"] == "cpu"
+        assert "gpus" not in cell["target_config"]  # launch keys stay out of config.json
+
+
+def test_smoke_profile_keeps_cells_distinct_and_small(smoke):
+    cells = smoke["cells"]
+    assert smoke["torch"] is False
+    for nodeid, cell in cells.items():
+        config = cell["config"]
+        assert cell["profile"] == "smoke"
+        assert config["model"] == "tiny-random" and config["device"] == "cpu" and config["gpus"] == 0
+        assert config["dataset"] == "synthetic" and config["backend"] == "hf"
+        assert config["max_steps"] <= 3 and config["max_generate_length"] <= 32
+        assert config["train_batch_size"] % config["policy_mini_batch_size"] == 0, nodeid
+    widths = [cells[f"grids/gsm8k_throughput.py::{n}"]["config"]["train_batch_size"]
+              for n in ("base", "tbs64", "tbs128", "tbs256", "tbs512")]
+    assert widths == sorted(set(widths))  # still five distinct, ordered widths
+    tbs128 = cells["grids/gsm8k_throughput.py::tbs128"]
+    assert tbs128["profile_changes"]["model"] == ["Qwen/Qwen2.5-1.5B-Instruct", "tiny-random"]
+    assert tbs128["profile_changes"]["train_batch_size"] == [128, 8]
+    # Two probes differ only in the model, which smoke replaces: they stay two cells.
+    dense, moe = (cells[f"grids/gsm8k_ceilings.py::{n}"] for n in ("dense32b", "moe30b"))
+    assert dense["config"] == moe["config"] and dense["name"] != moe["name"]
+
+
+def test_smoke_keeps_a_local_gsm8k_path(tmp_path):
+    from sweepkit_plugins.trainer import smoke
+
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    assert smoke({"dataset": str(data), "model": "Qwen/Qwen2.5-1.5B-Instruct"}, "trainer")["model"] == \
+        "tiny-random"
+    assert "dataset" not in smoke({"dataset": str(data)}, "trainer")
+    assert smoke({"dataset": "gsm8k"}, "trainer")["dataset"] == "synthetic"
+    assert smoke({"lr": 1.0}, "command") == {}

@@ -1,0 +1,113 @@
+"""Plugins: sweepconf.py next to the grids, -p modules, entry points, misspelt hooks, `sweep plugins`."""
+
+GRID = '''
+import sweepkit as sk
+target = sk.command("{python}", "-c", "pass")
+base = sk.base(lr=1e-3)
+hot = sk.cell(lr=0.5)
+'''
+
+SWEEPCONF = '''
+import sweepkit as sk
+
+@sk.hookimpl
+def sweep_addoption(parser):
+    parser.addoption("--max-lr", type=float, default=1.0, commands=("list", "run"))
+
+@sk.hookimpl
+def sweep_validate_cell(cell, session):
+    lr, limit = cell.config.get("lr", 0), session.options.max_lr
+    return [f"lr: {lr} is above --max-lr {limit}"] if lr > limit else []
+'''
+
+LAUNCH_PLUGIN = '''
+import sweepkit as sk
+
+@sk.hookimpl
+def sweep_register_keys(register):
+    register("nodes", int, 1, "SLURM nodes")
+'''
+
+
+def test_sweepconf_next_to_the_grids_is_loaded(sweeper):
+    sweeper.grid("g", GRID)
+    sweeper.write("grids/sweepconf.py", SWEEPCONF)
+    assert sweeper.run("list").ret == 0
+    result = sweeper.run("list", "--max-lr", "0.1")
+    assert result.ret == 4, result
+    assert "grids/g.py:4: hot: lr: 0.5 is above --max-lr 0.1" in result.stderr
+
+
+def test_sweepconf_of_a_directory_applies_only_there(sweeper):
+    sweeper.grid("g", GRID)
+    sweeper.write("other/sweepconf.py", SWEEPCONF.replace("{limit}", "{limit} (other)")
+                  .replace('"--max-lr", type=float, default=1.0', '"--max-lr", type=float, default=0.1'))
+    sweeper.write("other/h.py", GRID)
+    assert sweeper.run("list", "grids").ret == 0
+    result = sweeper.run("list", "other")
+    assert result.ret == 4 and "(other)" in result.stderr, result
+
+
+def test_dash_p_loads_a_module(sweeper):
+    grid = 'import sweepkit as sk\nbase = sk.base(lr=1e-6)\nbig = sk.cell(nodes={!r})\n'
+    sweeper.grid("g", grid.format(2))
+    sweeper.write("launchplug.py", LAUNCH_PLUGIN)
+    without = sweeper.run("list")
+    assert without.ret == 4
+    assert "grids/g.py:3: big: nodes: unknown key for target 'trainer'" in without.stderr
+    assert sweeper.run("-p", "launchplug", "list").ret == 0
+    sweeper.grid("g", grid.format("two"))
+    result = sweeper.run("list", "-p", "launchplug")
+    assert result.ret == 4
+    assert "grids/g.py:3: big: nodes: expected int, got 'two' (str)" in result.stderr
+
+
+def test_dash_p_of_a_missing_module(sweeper):
+    sweeper.grid("g", GRID)
+    result = sweeper.run("-p", "no_such_plugin_module", "list")
+    assert result.ret == 4
+    assert "-p no_such_plugin_module: cannot import plugin module" in result.stderr
+
+
+def test_misspelt_hook_fails_at_start_up(sweeper):
+    sweeper.grid("g", GRID)
+    sweeper.write("typo.py", '''
+import sweepkit as sk
+
+@sk.hookimpl
+def sweep_validate_cel(cell, session):
+    return []
+''')
+    result = sweeper.run("-p", "typo", "list")
+    assert result.ret == 4, result
+    assert "sweep_validate_cel" in result.stderr and "no such hook" in result.stderr
+    assert "grids/g.py::base" not in result.stdout
+
+
+def test_blocking_the_trainer_plugin(sweeper):
+    sweeper.grid("g", 'import sweepkit as sk\nbase = sk.base(lr=1e-6)\n')
+    assert sweeper.run("list").ret == 0
+    result = sweeper.run("-p", "no:trainer", "list")
+    assert result.ret == 4
+    assert "target 'trainer': not a registered target" in result.stderr
+
+
+def test_plugins_command_lists_plugins_and_their_hooks(sweeper):
+    sweeper.grid("g", GRID)
+    sweeper.write("grids/sweepconf.py", SWEEPCONF)
+    sweeper.write("launchplug.py", LAUNCH_PLUGIN)
+    result = sweeper.run("-p", "launchplug", "plugins")
+    assert result.ret == 0, result
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
+    assert "default" in rows["sweepkit.collect"] and "sweep_collect_file" in rows["sweepkit.collect"]
+    assert "entry point (sweepkit)" in rows["trainer"]
+    assert "sweep_register_targets" in rows["trainer"]
+    assert "-p" in rows["launchplug"] and "sweep_register_keys" in rows["launchplug"]
+    assert "sweepconf" in rows["sweepconf:grids/sweepconf.py"]
+    assert "sweep_addoption" in rows["sweepconf:grids/sweepconf.py"]
+    assert "profiles: smoke" in result.stdout
+    launch_keys = next(line for line in result.stdout.splitlines() if line.startswith("launch keys:"))
+    assert set(launch_keys.removeprefix("launch keys: ").split(", ")) == {
+        "gpus", "time_limit", "max_restarts", "env", "cpus", "mem_gb", "partition", "account", "qos",
+        "nodes"}
