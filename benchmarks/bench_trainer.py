@@ -1,0 +1,118 @@
+"""Seconds per step, tokens/s, the timing split and peak memory of the trainer's loop.
+
+Runs the real loop (``trainer.loop.train``) for a few steps on a throwaway
+checkpoint dir and summarises its metrics, leaving out the first ``--warmup``
+steps (allocator and kernel warm-up). The H200 run the numbers are wanted for::
+
+    python benchmarks/bench_trainer.py --model random:qwen2.5-0.5b \\
+        --dataset /path/to/gsm8k --prompts 32 --samples 4 \\
+        --prompt-length 256 --generate-length 512 --steps 4
+
+A random-init model rarely samples its eos token, so every completion runs to
+``--generate-length``: the generation numbers are for full-length decodes.
+Any other trainer key can be set with ``--set key=value``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.config import ConfigError, TrainerConfig, parse_value  # noqa: E402
+
+SPLIT = ("timing/generate", "timing/ref", "timing/policy_train", "timing/sync_weights")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-random")
+    parser.add_argument("--dataset", default="synthetic", help="'synthetic' or a GSM8K directory/file")
+    parser.add_argument("--prompts", type=int, default=8, help="train_batch_size (prompts per step)")
+    parser.add_argument("--samples", type=int, default=4, help="n_samples_per_prompt")
+    parser.add_argument("--prompt-length", type=int, default=256, help="max_prompt_length")
+    parser.add_argument("--generate-length", type=int, default=64, help="max_generate_length")
+    parser.add_argument("--steps", type=int, default=3, help="steps to run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the summary")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other trainer key (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    return parser.parse_args(argv)
+
+
+def bench_config(args) -> TrainerConfig:
+    values = {
+        "model": args.model, "dataset": args.dataset, "device": args.device,
+        "train_batch_size": args.prompts, "policy_mini_batch_size": args.prompts,
+        "n_samples_per_prompt": args.samples, "max_prompt_length": args.prompt_length,
+        "max_generate_length": args.generate_length, "max_steps": args.steps, "epochs": 1000,
+        "eval_before_train": False, "eval_limit": 1, "eval_n_samples_per_prompt": 1,
+        "ckpt_interval": 0, "export_final": False, "progress_bar": False,
+    }
+    for item in args.set:
+        key, _, text = item.partition("=")
+        values[key] = parse_value(text)
+    return TrainerConfig.from_dict(values, source="bench_trainer.py")
+
+
+def summarise(records: list[dict], warmup: int) -> dict:
+    kept = records[warmup:] or records
+    mean = lambda key: statistics.fmean(r[key] for r in kept)  # noqa: E731
+    summary = {
+        "steps_measured": len(kept),
+        "sec_per_step": mean("timing/step"),
+        "tokens_per_s": sum(r["throughput/tokens_generated"] for r in kept) / sum(r["timing/step"] for r in kept),
+        "generate_tokens_per_s": sum(r["throughput/tokens_generated"] for r in kept)
+        / sum(r["timing/generate"] for r in kept),
+        "response_length_mean": mean("response_length/mean"),
+        "peak_memory_gb": max(r["memory/peak_gb"] for r in kept),
+    }
+    summary |= {key: mean(key) for key in SPLIT}
+    return summary
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = bench_config(args)
+    except ConfigError as exc:
+        print(f"bench_trainer: {exc}", file=sys.stderr)
+        return 2
+    from trainer.loop import train
+
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
+        metrics = Path(scratch) / "metrics.jsonl"
+        with open(Path(scratch) / "stdout.log", "w") as quiet:
+            train(cfg, ckpt_dir=Path(scratch) / "ckpt", metrics_path=metrics, stdout=quiet)
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    train_records = [r for r in records if r["kind"] == "train"]
+    info = next(r for r in records if r["kind"] == "info")
+    summary = {"model": cfg.model, "device": info["device"], "dtype": info["dtype"],
+               "prompts": cfg.train_batch_size, "samples": cfg.n_samples_per_prompt,
+               **summarise(train_records, args.warmup)}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{summary['model']} on {summary['device']} ({summary['dtype']}), "
+          f"{cfg.train_batch_size} prompts x {cfg.n_samples_per_prompt} samples, "
+          f"prompt <= {cfg.max_prompt_length}, {cfg.max_generate_length} new tokens, "
+          f"{summary['steps_measured']} steps measured")
+    print(f"  sec/step            {summary['sec_per_step']:.3f}")
+    print(f"  tokens/s (step)     {summary['tokens_per_s']:.1f}")
+    print(f"  tokens/s (generate) {summary['generate_tokens_per_s']:.1f}")
+    for key in SPLIT:
+        share = summary[key] / summary["sec_per_step"]
+        print(f"  {key:<20}{summary[key]:.3f} s ({share:.0%})")
+    print(f"  response length     {summary['response_length_mean']:.1f}")
+    print(f"  peak memory         {summary['peak_memory_gb']:.2f} GB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The training loop end to end through ``python -m trainer``: it learns, resumes exactly, logs every metric.
+
+Runs use one CPU thread: with two cores shared by other processes, torch's
+default of two spinning threads makes tiny-model steps tens of times slower,
+and a single thread also makes every reduction's order, hence every float,
+repeatable between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.metrics import EVAL_KEYS, TRAIN_KEYS
+
+REPO = Path(__file__).resolve().parents[1]
+
+# GRPO on the synthetic task ("#### <first digit>"), sized to learn in about a minute on 2 cores.
+LEARNING = {
+    "model": "tiny-random", "dataset": "synthetic", "seed": 42,
+    "train_batch_size": 16, "policy_mini_batch_size": 8, "n_samples_per_prompt": 8,
+    "micro_train_batch_size_per_gpu": 64, "micro_forward_batch_size_per_gpu": 128,
+    "max_generate_length": 8, "lr": 3e-3, "epochs": 5, "max_steps": 60,
+    "eval_limit": 16, "eval_interval": 30, "ckpt_interval": 30, "export_final": True,
+}
+# Small and quick, for the resume runs.
+RESUMABLE = {
+    "model": "tiny-random", "dataset": "synthetic", "seed": 7,
+    "train_batch_size": 4, "policy_mini_batch_size": 2, "n_samples_per_prompt": 4,
+    "micro_train_batch_size_per_gpu": 3, "micro_forward_batch_size_per_gpu": 5,
+    "max_generate_length": 6, "lr": 3e-3, "epochs": 100, "max_steps": 8, "ckpt_interval": 2,
+    "eval_before_train": False, "export_final": False, "use_kl_loss": True,
+}
+
+
+def trainer_command(workdir: Path, config: dict, *overrides: str) -> list[str]:
+    path = workdir / "config.json"
+    path.write_text(json.dumps(config))
+    return [sys.executable, "-m", "trainer", str(path), *overrides,
+            "--ckpt-dir", str(workdir / "ckpt"), "--metrics", str(workdir / "metrics.jsonl")]
+
+
+def trainer_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def run_trainer(workdir: Path, config: dict, *overrides: str) -> subprocess.CompletedProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(trainer_command(workdir, config, *overrides), cwd=workdir, env=trainer_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def read_metrics(path: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def learning_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("learn")
+    result = run_trainer(workdir, LEARNING)
+    assert result.returncode == 0, result.stderr
+    return workdir, result
+
+
+def test_grpo_raises_reward_on_the_synthetic_task(learning_run):
+    workdir, _ = learning_run
+    rewards = [r["reward/mean"] for r in read_metrics(workdir / "metrics.jsonl", "train")]
+    assert len(rewards) == LEARNING["max_steps"]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
+    assert first <= 0.3, rewards
+    assert last >= 0.8, rewards
+    evals = read_metrics(workdir / "metrics.jsonl", "eval")
+    assert evals[-1]["eval/pass_at_1"] > evals[0]["eval/pass_at_1"]
+
+
+def test_every_metric_on_every_line(learning_run):
+    workdir, result = learning_run
+    train = read_metrics(workdir / "metrics.jsonl", "train")
+    for record in train:
+        missing = [k for k in TRAIN_KEYS if not isinstance(record.get(k), (int, float))]
+        assert not missing, f"step {record['step']} lacks {missing}"
+    assert [r["step"] for r in train] == list(range(1, LEARNING["max_steps"] + 1))
+    evals = read_metrics(workdir / "metrics.jsonl", "eval")
+    assert [r["step"] for r in evals] == [0, 30, 60]
+    for record in evals:
+        assert all(isinstance(record.get(k), (int, float)) for k in EVAL_KEYS), record
+        assert record["eval/k"] == 4 and 0 <= record["eval/pass_at_1"] <= record["eval/pass_at_k"] <= 1
+
+
+def test_stdout_mirrors_the_metrics_file(learning_run):
+    workdir, result = learning_run
+    mirrored = []
+    for line in result.stdout.splitlines():
+        if line.startswith("WANDB_MIRROR "):
+            _, kind, step, payload = line.split(" ", 3)
+            assert payload.startswith("metrics=")
+            mirrored.append({"kind": kind.removeprefix("kind="), "step": int(step.removeprefix("step=")),
+                             **json.loads(payload.removeprefix("metrics="))})
+    from_file = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert mirrored == from_file
+    assert from_file[0]["kind"] == "info"
+
+
+def test_timing_split_adds_up(learning_run):
+    workdir, _ = learning_run
+    for record in read_metrics(workdir / "metrics.jsonl", "train"):
+        parts = sum(record[k] for k in ("timing/generate", "timing/ref", "timing/policy_train",
+                                         "timing/sync_weights"))
+        assert 0 < parts <= record["timing/step"]
+        assert record["throughput/tokens_generated"] > 0
+        assert 1 <= record["response_length/mean"] <= record["response_length/max"] <= 8
+
+
+def test_final_checkpoint_and_export(learning_run):
+    workdir, _ = learning_run
+    ckpt = workdir / "ckpt"
+    assert (ckpt / "latest").read_text().strip() == "global_step_60"
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_30", "global_step_60"]
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt / "export")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt / "export")
+    assert model.config.vocab_size == len(tokenizer)
+    assert not list(ckpt.glob(".tmp-*"))
+
+
+def test_killed_run_resumes_exactly(tmp_path):
+    reference = tmp_path / "uninterrupted"
+    assert run_trainer(reference, RESUMABLE).returncode == 0
+
+    # The same run, told to go on for ever, is killed once two checkpoints have landed; a
+    # half-written checkpoint is planted as a kill during a write would leave it. Its first
+    # start already asks to resume, with nothing there yet.
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    command = trainer_command(killed, RESUMABLE, "max_steps=100000", "resume_mode=latest")
+    process = subprocess.Popen(command, cwd=killed,
+                               env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (killed / "ckpt" / "global_step_4").is_dir():
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "no checkpoint within two minutes"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert "holds no checkpoint; starting fresh" in process.stderr.read()
+    process.stderr.close()
+    half_written = killed / "ckpt" / ".tmp-global_step_1000"
+    half_written.mkdir()
+    (half_written / "model.safetensors").write_bytes(b"cut short")
+
+    result = run_trainer(killed, RESUMABLE, "resume_mode=latest")
+    assert result.returncode == 0, result.stderr
+    assert "resuming from" in result.stderr
+    assert not half_written.exists()
+
+    expected = read_metrics(reference / "metrics.jsonl", "train")
+    resumed = read_metrics(killed / "metrics.jsonl", "train")
+    assert [r["step"] for r in resumed] == list(range(1, 9))
+    infos = read_metrics(killed / "metrics.jsonl", "info")
+    resumed_at = int(Path(infos[-1]["resumed_from"]).name.removeprefix("global_step_"))
+    assert resumed_at >= 4
+    for want, got in zip(expected, resumed):
+        assert got["data/prompt_fingerprint"] == want["data/prompt_fingerprint"], got["step"]
+        # One thread on a CPU: the resumed run repeats the uninterrupted one to the bit.
+        for key in ("reward/mean", "policy/loss", "policy/grad_norm", "policy/ref_kl", "policy/entropy"):
+            assert got[key] == want[key], (got["step"], key)
+
+
+def test_fresh_run_refuses_existing_checkpoints(tmp_path):
+    old = tmp_path / "ckpt" / "global_step_3"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"precious")
+    result = run_trainer(tmp_path, RESUMABLE)  # resume_mode defaults to null
+    assert result.returncode == 3
+    assert "resume_mode" in result.stderr and "global_step_3" in result.stderr
+    assert (old / "model.safetensors").read_bytes() == b"precious"
+    assert not (tmp_path / "metrics.jsonl").exists()
