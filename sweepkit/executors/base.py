@@ -1,0 +1,94 @@
+"""The executor interface: how prepared cells become running jobs.
+
+The runner (``sweepkit.runner``) owns the loop and the state on disk; an executor only
+places jobs. Per loop turn the runner asks ``take(pending)`` which prepared cells may
+start now (the local executor answers from its free CPU/GPU slots; a cluster executor
+may take everything and let the scheduler queue it), ``submit``s that batch (a cluster
+executor may turn a batch of cells with equal resources into one job array), and
+``poll``s every handle until it is ``done``. A handle's ``job_id`` is a string stored in
+``state.json`` so that a later process can ``attach`` to the job from disk.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+
+from sweepkit.job import CellJob
+
+# poll() answers one of these.
+QUEUED, RUNNING, DONE = "queued", "running", "done"
+
+
+@attrs.define(kw_only=True, eq=False)
+class Handle:
+    """A submitted job. ``job`` is the executor's own live object (a submitit Job) and is
+    never serialised; ``job_id`` is."""
+
+    executor: str
+    job_id: str
+    cell: CellJob
+    job: Any = None
+    gpu_ids: tuple[str, ...] = ()
+
+
+class Executor(abc.ABC):
+    """Places prepared cells. Implementations register through the
+    ``sweep_register_executors`` hook as ``register(name, factory, doc)``."""
+
+    name: ClassVar[str]
+    #: True when submitted jobs run to their end without the submitting process (a
+    #: cluster queue); ``--detach`` then just submits and exits. False for executors whose
+    #: jobs need the driver to start the rest (local): ``--detach`` starts a background driver.
+    jobs_outlive_driver: ClassVar[bool] = False
+
+    @property
+    @abc.abstractmethod
+    def max_parallel(self) -> int | None:
+        """How many cells may run at once (None: no limit of this executor)."""
+
+    def check(self, job: CellJob) -> str | None:
+        """An error message when ``job`` can never run here (asks for more GPUs than the
+        machine has), else None. Called before anything runs."""
+        return None
+
+    @abc.abstractmethod
+    def take(self, pending: Sequence[CellJob]) -> list[CellJob]:
+        """The prepared cells, in order, that may be submitted now."""
+
+    @abc.abstractmethod
+    def submit(self, jobs: Sequence[CellJob]) -> list[Handle]:
+        """Start or enqueue ``jobs``; one handle per job, in order."""
+
+    @abc.abstractmethod
+    def poll(self, handle: Handle) -> str:
+        """``QUEUED``, ``RUNNING`` or ``DONE``. When a job is ``DONE`` its resources are
+        released; the cell's own result is in its ``state.json``."""
+
+    def error(self, handle: Handle) -> str | None:
+        """Why a ``DONE`` job ended without recording a result in ``state.json`` (the job
+        process itself crashed or was killed), if the executor knows."""
+        return None
+
+    @abc.abstractmethod
+    def cancel(self, handle: Handle) -> None:
+        """Stop the job; its cell records ``cancelled``."""
+
+    def attach(self, job: CellJob, job_id: str) -> Handle | None:
+        """A handle for a job submitted by an earlier process, or None when this executor
+        cannot follow it (the runner then watches the cell's lock instead)."""
+        return None
+
+    def hold_foreign(self, nodeid: str, attempt) -> None:
+        """A cell started by another driver runs (``attempt``: its ``state.Attempt``, or
+        None when it has not recorded one yet). An executor that hands out this machine's
+        slots and GPUs counts them as taken until ``release_foreign(nodeid)``."""
+
+    def release_foreign(self, nodeid: str) -> None:
+        """The foreign cell of ``hold_foreign`` has ended."""
+
+    def close(self) -> None:
+        """Called once when the runner is done with the executor."""

@@ -1,0 +1,148 @@
+"""The ``local`` executor: cells as submitit local jobs on this machine, a few at a time.
+
+submitit's ``LocalExecutor`` starts a job the moment it is submitted, so the cap lives
+here: ``take`` hands out only as many cells as there are free slots, and GPUs are handed
+out by id, each running cell getting its own ``CUDA_VISIBLE_DEVICES``. By default there is
+one slot per GPU, or a single slot on a machine without GPUs (a training run uses every
+core it gets); ``--max-parallel N`` overrides the slot count. GPUs are found without
+torch: ``CUDA_VISIBLE_DEVICES`` when set, else ``nvidia-smi -L``.
+
+A local job is a process tree started by this driver (submitit's controller, then the
+job, then the cell's command). It does not die with the driver: a driver that is killed
+leaves its running cells running, holding their locks, and the next driver waits for them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from sweepkit.executors.base import DONE, RUNNING, Executor, Handle
+from sweepkit.hookspec import hookimpl
+from sweepkit.job import CellJob, run_cell
+
+# submitit kills a local job after its timeout; a local run has no wall limit of its own.
+NO_TIMEOUT_MIN = 60 * 24 * 365
+
+
+def detect_gpus(environ=None) -> list[str]:
+    """The ids of the GPUs cells may use: from ``CUDA_VISIBLE_DEVICES`` when it is set
+    (empty or ``-1`` means none), else one per line of ``nvidia-smi -L``."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [part.strip() for part in visible.split(",") if part.strip() and part.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if listing.returncode != 0:
+        return []
+    return [str(n) for n, line in enumerate(line for line in listing.stdout.splitlines() if line.startswith("GPU "))]
+
+
+class LocalExecutor(Executor):
+    name = "local"
+
+    def __init__(self, gpus: Sequence[str], max_parallel: int | None = None):
+        self.gpus = list(gpus)
+        self._max_parallel = max_parallel if max_parallel is not None else max(1, len(self.gpus))
+        self._free = list(self.gpus)
+        self._running: list[Handle] = []
+        self._foreign: dict[str, list[str]] = {}  # cells of other drivers on this machine -> their GPUs
+
+    @property
+    def max_parallel(self) -> int:
+        return self._max_parallel
+
+    def check(self, job: CellJob) -> str | None:
+        if job.gpus > len(self.gpus):
+            found = ", ".join(self.gpus) if self.gpus else "none"
+            return (f"needs gpus={job.gpus} but this machine has {len(self.gpus)} usable GPU(s) "
+                    f"({found}; from CUDA_VISIBLE_DEVICES or nvidia-smi -L)")
+        return None
+
+    def take(self, pending: Sequence[CellJob]) -> list[CellJob]:
+        slots = self._max_parallel - len(self._running) - len(self._foreign)
+        free = len(self._free)
+        taken = []
+        for job in pending:
+            if slots <= 0:
+                break
+            # A cell that needs more GPUs than are free waits; smaller ones behind it may start.
+            if job.gpus <= free:
+                taken.append(job)
+                slots -= 1
+                free -= job.gpus
+        return taken
+
+    def submit(self, jobs: Sequence[CellJob]) -> list[Handle]:
+        import submitit
+
+        handles = []
+        for job in jobs:
+            gpu_ids = tuple(self._free[: job.gpus])
+            if len(gpu_ids) < job.gpus:
+                raise RuntimeError(f"{job.nodeid}: submitted without {job.gpus} free GPUs")
+            del self._free[: job.gpus]
+            placed = attrs.evolve(job, env={**job.env, "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)})
+            executor = submitit.LocalExecutor(folder=Path(job.cell_dir) / ".submitit")
+            # gpus_per_node=0: submitit would number GPUs itself; the job sets the ids above.
+            executor.update_parameters(timeout_min=NO_TIMEOUT_MIN, gpus_per_node=0)
+            submitted = executor.submit(run_cell, placed)
+            handle = Handle(executor=self.name, job_id=str(submitted.job_id), cell=placed,
+                            job=submitted, gpu_ids=gpu_ids)
+            self._running.append(handle)
+            handles.append(handle)
+        return handles
+
+    def poll(self, handle: Handle) -> str:
+        if handle.job.state == "RUNNING":
+            return RUNNING
+        self._release(handle)
+        return DONE
+
+    def _release(self, handle: Handle) -> None:
+        if handle in self._running:
+            self._running.remove(handle)
+            self._free.extend(handle.gpu_ids)
+
+    def hold_foreign(self, nodeid: str, attempt) -> None:
+        if attempt is not None and (attempt.executor != self.name or attempt.host != socket.gethostname()):
+            return  # runs elsewhere: takes nothing from this machine
+        devices = [] if attempt is None or not attempt.devices else attempt.devices.split(",")
+        held = [gpu for gpu in devices if gpu in self._free]
+        for gpu in held:
+            self._free.remove(gpu)
+        self._foreign[nodeid] = held
+
+    def release_foreign(self, nodeid: str) -> None:
+        self._free.extend(self._foreign.pop(nodeid, []))
+
+    def error(self, handle: Handle) -> str | None:
+        failure = handle.job.exception()
+        if failure is None:
+            return None
+        lines = [line for line in str(failure).splitlines() if line.strip() and not line.startswith("---")]
+        return lines[-1].strip() if lines else type(failure).__name__
+
+    def cancel(self, handle: Handle) -> None:
+        handle.job.cancel()
+
+
+def _make(session) -> LocalExecutor:
+    return LocalExecutor(detect_gpus(), max_parallel=getattr(session.options, "max_parallel", None))
+
+
+@hookimpl
+def sweep_register_executors(register):
+    register("local", _make, "submitit local jobs on this machine; one cell per GPU "
+             "(one at a time without GPUs), --max-parallel N to change")

@@ -1,0 +1,167 @@
+"""What a job runs for one cell, on whatever machine the executor put it.
+
+``run_cell`` is the function submitit pickles: it takes the cell's ``.lock`` (blocking, so
+a second job for the same cell waits instead of running alongside), checks that it is
+still the job the last driver asked for, records the attempt, runs the cell's command as
+a child process with its output in ``stdout.log`` / ``stderr.log``, and records the end.
+It imports only the standard library, attrs and ``sweepkit.state``, so a job starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+from sweepkit import state as st
+
+# How long a child gets between SIGTERM and SIGKILL when its job is interrupted.
+TERMINATE_GRACE_S = 10.0
+
+
+def _str_tuple(values) -> tuple[str, ...]:
+    return tuple(str(value) for value in values)
+
+
+@attrs.frozen(kw_only=True)
+class CellJob:
+    """Everything needed to run one cell, independent of the grid file (picklable).
+
+    ``env`` is added to the job's inherited environment; it already holds the ``SWEEP_*``
+    variables, the hooks' variables and, for GPU placement, ``CUDA_VISIBLE_DEVICES``.
+    """
+
+    nodeid: str
+    cell_dir: str
+    argv: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    gpus: int = 0
+    resume: bool = False
+    token: str
+    executor: str
+
+
+def current_job_id() -> str | None:
+    """The executor's id of the job this process runs in, when there is one."""
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().job_id)
+    except (ImportError, RuntimeError, KeyError):
+        return None
+
+
+def run_cell(job: CellJob, job_id: str | None = None) -> str:
+    """Run one cell to its end and return its final state (``completed``, ``failed``,
+    ``cancelled``), or ``superseded`` when a later submission took the cell over before
+    this job got the lock."""
+    directory = Path(job.cell_dir)
+    lock = st.CellLock(directory)
+    lock.acquire(blocking=True)
+    try:
+        attempt = _start_attempt(job, directory, job_id or current_job_id())
+        if attempt is None:
+            return "superseded"
+        returncode, failure, final = _run_child(job, directory, lock.fd)
+        _finish_attempt(directory, attempt.n, returncode, failure, final)
+        return final
+    finally:
+        lock.release()
+
+
+def _start_attempt(job: CellJob, directory: Path, job_id: str | None) -> st.Attempt | None:
+    started: list[st.Attempt] = []
+
+    def change(state: st.CellState | None) -> st.CellState | None:
+        if state is None or state.submission is None or state.submission.token != job.token:
+            return None
+        attempt = st.Attempt(
+            n=len(state.attempts) + 1,
+            executor=job.executor,
+            job_id=job_id or state.submission.job_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            resume=job.resume,
+            devices=job.env.get("CUDA_VISIBLE_DEVICES"),
+            started=time.time(),
+        )
+        started.append(attempt)
+        return attrs.evolve(state, state="running", attempts=(*state.attempts, attempt))
+
+    st.update_state(directory, change)
+    return started[0] if started else None
+
+
+def _run_child(job: CellJob, directory: Path, lock_fd: int) -> tuple[int | None, str | None, str]:
+    # A resumed run keeps the earlier output, so metrics read from stdout stay continuous.
+    mode = "a" if job.resume else "w"
+    env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
+    with open(directory / st.STDOUT_FILE, mode) as stdout, open(directory / st.STDERR_FILE, mode) as stderr:
+        # The child shares the lock: if this job process is killed, the cell still counts
+        # as running for as long as its command does, so nobody starts it a second time.
+        child = subprocess.Popen(
+            list(job.argv), cwd=directory, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+            pass_fds=(lock_fd,),
+        )
+        try:
+            returncode = child.wait()
+        except BaseException as interruption:  # KeyboardInterrupt, submitit's timeout, SystemExit
+            _terminate(child)
+            return child.returncode, f"interrupted: {type(interruption).__name__} {interruption}".strip(), "cancelled"
+    if returncode == 0:
+        return 0, None, "completed"
+    return returncode, _describe_failure(returncode, directory / st.STDERR_FILE), "failed"
+
+
+def _terminate(child: subprocess.Popen) -> None:
+    if child.poll() is not None:
+        return
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _describe_failure(returncode: int, stderr_path: Path) -> str:
+    if returncode < 0:
+        cause = f"killed by {signal.Signals(-returncode).name}"
+    else:
+        cause = f"exit code {returncode}"
+    last = last_line(stderr_path)
+    return f"{cause}: {last}" if last else cause
+
+
+def last_line(path: Path, tail_bytes: int = 8192) -> str | None:
+    """The last non-empty line of a log (for a traceback, the exception itself)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - tail_bytes))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        if line.strip():
+            return line.strip()[:300]
+    return None
+
+
+def _finish_attempt(directory: Path, n: int, returncode: int | None, failure: str | None, final: str) -> None:
+    def change(state: st.CellState | None) -> st.CellState | None:
+        attempts = tuple(
+            attrs.evolve(attempt, ended=time.time(), returncode=returncode, failure=failure)
+            if attempt.n == n
+            else attempt
+            for attempt in state.attempts
+        )
+        return attrs.evolve(state, state=final, attempts=attempts)
+
+    st.update_state(directory, change)

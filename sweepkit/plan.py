@@ -1,0 +1,215 @@
+"""What ``sweep run`` does with each selected cell, decided from the cell's state on disk.
+
+=======================================  ==========  ===================  ==================
+state on disk                            plain run   ``--rerun``          ``--resume``
+=======================================  ==========  ===================  ==================
+never run, or failed without checkpoints  fresh       fresh                fresh
+completed, same config                   skip        fresh                skip
+completed, config changed since          error       fresh                error
+failed / cancelled / interrupted, with   error       fresh (checkpoints   resume from latest
+checkpoints                                          deleted)             checkpoint
+running (its ``.lock`` is held)          attach      error                attach
+=======================================  ==========  ===================  ==================
+
+"attach" means waiting for the run some other driver started, never starting a second one.
+A cell with checkpoints is never silently started over nor silently resumed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import attrs
+
+from sweepkit import state as st
+from sweepkit.job import CellJob
+
+FRESH, RESUME, SKIP, ATTACH = "fresh", "resume", "skip", "attach"
+
+# A target whose schema has this key gets "latest" on a resume and None on a fresh run.
+RESUME_KEY = "resume_mode"
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    cell: object
+    directory: Path
+    action: str
+    note: str = ""
+
+
+class PlanError(Exception):
+    """A cell cannot be run with the options given; the message says which option to pass."""
+
+
+def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool) -> Plan:
+    directory = st.cell_dir(runs_dir, cell)
+    state = st.read_state(directory)
+    if st.is_locked(directory):
+        if rerun:
+            raise PlanError(f"is running now ({_holder(directory)}); wait for it to end before --rerun")
+        return Plan(cell=cell, directory=directory, action=ATTACH, note=f"already running ({_holder(directory)})")
+    changed = state is not None and state.config_hash != cell.config_hash()
+    if rerun:
+        return Plan(cell=cell, directory=directory, action=FRESH, note="--rerun")
+    if state is not None and state.state == "completed":
+        if changed:
+            raise PlanError("completed with a different config than the grid has now; "
+                            "pass --rerun to run it again with the new config")
+        return Plan(cell=cell, directory=directory, action=SKIP, note="completed")
+    if st.has_checkpoints(directory):
+        effective = st.effective_state(directory, state)
+        if not resume:
+            raise PlanError(f"was {effective} and has checkpoints in {directory / st.CKPT_DIR}; pass --resume "
+                            "to continue from the latest one or --rerun to delete them and start over")
+        if changed:
+            raise PlanError("has checkpoints written with a different config than the grid has now; "
+                            "pass --rerun to delete them and start over")
+        return Plan(cell=cell, directory=directory, action=RESUME, note=f"resuming a {effective} run")
+    return Plan(cell=cell, directory=directory, action=FRESH)
+
+
+def _holder(directory: Path) -> str:
+    try:
+        host, pid = (directory / st.LOCK_FILE).read_text().split()
+        return f"pid {pid} on {host}"
+    except (OSError, ValueError):
+        return "lock held"
+
+
+def paths(directory: Path) -> dict[str, str]:
+    """Placeholders of a target's argv, and the values of the ``SWEEP_*`` variables."""
+    return {
+        "python": sys.executable,
+        "config": str(directory / st.CONFIG_FILE),
+        "ckpt_dir": str(directory / st.CKPT_DIR),
+        "metrics": str(directory / st.METRICS_FILE),
+        "cell_dir": str(directory),
+    }
+
+
+def target_config(cell, resume: bool) -> dict:
+    config = cell.target_config()
+    if cell.target.schema is not None and RESUME_KEY in cell.target.schema:
+        config[RESUME_KEY] = "latest" if resume else None
+    return config
+
+
+def cell_env(cell, directory: Path, resume: bool, hook_env: list[dict]) -> dict[str, str]:
+    """The variables a cell's process gets on top of the inherited environment: hooks'
+    first, then the cell's own ``env`` launch key, then the ``SWEEP_*`` contract."""
+    where = paths(directory)
+    env: dict[str, str] = {}
+    for extra in hook_env:
+        env.update({str(key): str(value) for key, value in (extra or {}).items()})
+    env.update({str(key): str(value) for key, value in (cell.launch().get("env") or {}).items()})
+    env.update({
+        "SWEEP_CELL": cell.nodeid,
+        "SWEEP_CELL_DIR": where["cell_dir"],
+        "SWEEP_CONFIG": where["config"],
+        "SWEEP_CKPT_DIR": where["ckpt_dir"],
+        "SWEEP_METRICS": where["metrics"],
+        "SWEEP_RESUME": "1" if resume else "0",
+    })
+    return env
+
+
+def make_job(plan: Plan, executor: str, hook_env: list[dict]) -> CellJob:
+    resume = plan.action == RESUME
+    cell = plan.cell
+    return CellJob(
+        nodeid=cell.nodeid,
+        cell_dir=str(plan.directory),
+        argv=cell.target.render_argv(**paths(plan.directory)),
+        env=cell_env(cell, plan.directory, resume, hook_env),
+        gpus=int(cell.launch().get("gpus") or 0),
+        resume=resume,
+        token=uuid.uuid4().hex,
+        executor=executor,
+    )
+
+
+def write_cell_files(plan: Plan) -> list[Path]:
+    """Create the cell dir and its ``cell.json`` / ``config.json``; for a fresh run empty
+    the checkpoint dir and the metrics file. Returns the checkpoint entries deleted."""
+    directory = plan.directory
+    directory.mkdir(parents=True, exist_ok=True)
+    resume = plan.action == RESUME
+    st.write_json(directory / st.CELL_FILE, st.cell_record(plan.cell))
+    st.write_json(directory / st.CONFIG_FILE, target_config(plan.cell, resume))
+    deleted: list[Path] = []
+    if not resume:
+        deleted = st.wipe_checkpoints(directory)
+        (directory / st.METRICS_FILE).unlink(missing_ok=True)
+    (directory / st.CKPT_DIR).mkdir(exist_ok=True)
+    return deleted
+
+
+def mark_pending(plan: Plan) -> bool:
+    """Record that this driver will run the cell; False when a job took its lock meanwhile."""
+    cell = plan.cell
+    taken = []
+
+    def change(state: st.CellState | None) -> st.CellState | None:
+        if st.is_locked(plan.directory):
+            taken.append(True)
+            return None
+        return st.CellState(
+            nodeid=cell.nodeid, state="pending", config_hash=cell.config_hash(), profile=cell.profile,
+            attempts=state.attempts if state else (), submission=None,
+        )
+
+    st.update_state(plan.directory, change)
+    return not taken
+
+
+def mark_submitted(job: CellJob) -> bool:
+    """Write the job's token before it starts (see ``sweepkit.job``); False when another
+    process holds the cell's lock, so this job must not be submitted."""
+    directory = Path(job.cell_dir)
+    taken = []
+
+    def change(state: st.CellState | None) -> st.CellState | None:
+        if state is None or st.is_locked(directory):
+            taken.append(True)
+            return None
+        submission = st.Submission(executor=job.executor, token=job.token, submitted=time.time(),
+                                   resume=job.resume)
+        return attrs.evolve(state, state="submitted", submission=submission)
+
+    st.update_state(directory, change)
+    return not taken
+
+
+def record_job_id(job: CellJob, job_id: str) -> None:
+    """Store the executor's job id next to the token, so ``status`` can find the job."""
+
+    def change(state: st.CellState | None) -> st.CellState | None:
+        if state is None or state.submission is None or state.submission.token != job.token:
+            return None
+        return attrs.evolve(state, submission=attrs.evolve(state.submission, job_id=job_id))
+
+    st.update_state(Path(job.cell_dir), change)
+
+
+def record_lost_job(job: CellJob, failure: str) -> st.CellState | None:
+    """A job that ended without recording its end (its process was killed, or it crashed
+    before running the cell): mark the cell failed so the state stays truthful."""
+
+    def change(state: st.CellState | None) -> st.CellState | None:
+        if state is None or state.submission is None or state.submission.token != job.token:
+            return None
+        if state.state not in ("submitted", "running"):
+            return None
+        if state.state == "running" and state.attempts:
+            last = attrs.evolve(state.attempts[-1], failure=failure, ended=time.time())
+        else:  # it never got as far as recording its start
+            last = st.Attempt(n=len(state.attempts) + 1, executor=job.executor,
+                              job_id=state.submission.job_id, failure=failure, ended=time.time())
+            return attrs.evolve(state, state="failed", attempts=(*state.attempts, last))
+        return attrs.evolve(state, state="failed", attempts=(*state.attempts[:-1], last))
+
+    return st.update_state(Path(job.cell_dir), change)

@@ -1,0 +1,153 @@
+"""What a driver shows while its cells run.
+
+On a terminal: a rich ``Live`` table, one row per cell (state, attempt, step, sec/step,
+reward, elapsed), redrawn as metrics arrive. Anywhere else (a log file, CI, a detached
+driver): plain lines, one per event, plus a progress line per running cell at most every
+``PLAIN_PROGRESS_EVERY_S`` seconds, so logs stay readable and greppable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import attrs
+from rich.console import Console
+from rich.live import Live
+from rich.measure import Measurement
+from rich.table import Table
+
+from sweepkit.metrics import Summary
+
+PLAIN_PROGRESS_EVERY_S = 30.0
+
+# Outcome words, pytest's where they exist.
+LABELS = {
+    "passed": "PASSED", "failed": "FAILED", "xfailed": "XFAIL", "xpassed": "XPASS",
+    "xpassed-strict": "XPASS(strict)", "skipped": "SKIPPED", "cancelled": "CANCELLED",
+    "interrupted": "INTERRUPTED", "pending": "pending", "submitted": "submitted",
+    "running": "running", "attached": "running*", "completed": "completed",
+    "deleted": "DELETED",
+}
+STYLES = {
+    "passed": "green", "xfailed": "yellow", "xpassed": "yellow", "skipped": "cyan",
+    "failed": "bold red", "xpassed-strict": "bold red", "cancelled": "red", "interrupted": "red",
+    "running": "blue", "attached": "blue", "deleted": "magenta",
+}
+
+
+def print_wide(console: Console, table: Table) -> None:
+    """Print a table at its natural width: a cropped or squeezed column (a node id, a
+    failure message) is worse than a line the terminal wraps."""
+    width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
+    before = console.width
+    console.width = max(width, before)  # print() caps its width at the console's
+    try:
+        console.print(table)
+    finally:
+        console.width = before
+
+
+def label(status: str) -> str:
+    return LABELS.get(status, status)
+
+
+def fmt_number(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@attrs.define(kw_only=True)
+class Row:
+    nodeid: str
+    status: str = "pending"
+    attempt: int | None = None
+    summary: Summary = attrs.field(factory=Summary)
+    started: float | None = None
+    ended: float | None = None
+    note: str = ""
+    last_plain: float = attrs.field(factory=time.time)
+
+
+class RunDisplay:
+    """Rows keyed by node id; ``update`` changes one, ``event`` prints a line above them."""
+
+    def __init__(self, console: Console, nodeids: Sequence[str]):
+        self.console = console
+        self.rows = {nodeid: Row(nodeid=nodeid) for nodeid in nodeids}
+        self.live = console.is_terminal
+        self._live: Live | None = None
+
+    def __enter__(self) -> "RunDisplay":
+        if self.live:
+            self._live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def event(self, status: str, nodeid: str, detail: str = "") -> None:
+        text = f"{label(status):<13} {nodeid}" + (f"  {detail}" if detail else "")
+        self.console.print(text, style=STYLES.get(status), markup=False)
+
+    def update(self, nodeid: str, **changes) -> None:
+        row = self.rows[nodeid]
+        for key, value in changes.items():
+            setattr(row, key, value)
+        if not self.live and row.status in ("running", "attached") and row.summary.step is not None:
+            now = time.time()
+            if now - row.last_plain >= PLAIN_PROGRESS_EVERY_S:
+                row.last_plain = now
+                self.console.print(f"{'':<13} {nodeid}  {describe(row.summary)}", markup=False)
+
+    def refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+
+    def _table(self) -> Table:
+        table = Table(box=None, pad_edge=False)
+        for column, justify in (("cell", "left"), ("state", "left"), ("try", "right"), ("step", "right"),
+                                ("s/step", "right"), ("reward", "right"), ("elapsed", "right"), ("", "left")):
+            table.add_column(column, justify=justify, no_wrap=column == "cell")
+        now = time.time()
+        for row in self.rows.values():
+            elapsed = None if row.started is None else (row.ended or now) - row.started
+            table.add_row(
+                row.nodeid,
+                f"[{STYLES.get(row.status, '')}]{label(row.status)}" if STYLES.get(row.status) else label(row.status),
+                "" if row.attempt is None else str(row.attempt),
+                "" if row.summary.step is None else str(row.summary.step),
+                fmt_number(row.summary.sec_per_step),
+                fmt_number(row.summary.reward),
+                fmt_duration(elapsed),
+                row.note,
+            )
+        return table
+
+
+def describe(summary: Summary) -> str:
+    """``step 12  0.31 s/step  reward 0.52`` with the parts that are known."""
+    parts = []
+    if summary.step is not None:
+        parts.append(f"step {summary.step}")
+    if summary.sec_per_step is not None:
+        parts.append(f"{summary.sec_per_step:.3g} s/step")
+    if summary.reward is not None:
+        parts.append(f"reward {summary.reward:.3g}")
+    return "  ".join(parts)

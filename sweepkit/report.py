@@ -1,0 +1,290 @@
+"""``sweep report``: a throughput table and an accuracy table per grid, from disk alone.
+
+Each cell's metrics are scanned lazily (``metrics.jsonl`` with ``scan_ndjson``; the
+``WANDB_MIRROR`` lines of ``stdout.log`` when there is no such file), joined across cells
+with ``concat(how="diagonal_relaxed")`` (cells log different metric sets), aggregated by
+expressions built once, and collected only at the end. Every cell with a ``cell.json``
+gets a row, also one that is still running, failed, or has no metrics yet.
+
+How the numbers are made (train steps of one cell, ordered by step, one record per step:
+a step logged twice by a resumed run counts once, the later record):
+
+- ``sec_per_step``: median of ``timing/step`` after warm-up; warm-up is the first 10% of
+  the steps and at least the first step (none when there is only one step);
+- ``tok_per_s``: median of ``throughput/tokens_per_s`` over the same steps;
+- ``gen_frac`` / ``train_frac`` / ``sync_frac`` / ``ref_frac``: mean of ``timing/generate``
+  / ``timing/policy_train`` / ``timing/sync_weights`` / ``timing/ref`` divided by mean of
+  ``timing/step``, over the same steps;
+- ``delta_vs_base_pct``: ``sec_per_step`` against the grid's ``base`` cell, in percent
+  (negative is faster);
+- ``reward_first`` / ``reward_last``: mean ``reward/mean`` over the first / last 10% of the
+  steps that report it, at least 1 and at most 10 steps;
+- ``pass_at_1`` / ``pass_at_k`` / ``eval_k``: from the last eval record;
+- ``entropy_min``: minimum of ``policy/entropy`` (the collapse guard); ``grad_norm_max``:
+  maximum of ``policy/grad_norm``; ``memory_peak_gb``: maximum of ``memory/peak_gb``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import polars as pl
+from rich.table import Table
+
+from sweepkit import metrics
+from sweepkit import state as st
+from sweepkit.errors import UsageError
+from sweepkit.progress import STYLES, label, print_wide
+from sweepkit.session import ExitCode
+
+FORMATS = ("table", "csv", "md", "json", "parquet")
+REPORT_DIR = "report"
+BASE_CELL = "base"
+
+THROUGHPUT = ("cell", "status", "steps", "sec_per_step", "delta_vs_base_pct", "tok_per_s",
+              "gen_frac", "train_frac", "sync_frac", "ref_frac", "memory_peak_gb", "diff", "failure")
+ACCURACY = ("cell", "status", "steps", "reward_first", "reward_last", "pass_at_1", "pass_at_k", "eval_k",
+            "entropy_min", "grad_norm_max", "diff", "failure")
+TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
+
+# Every metric an expression below reads; a cell set that never logged one gets nulls.
+USED_METRICS = ("timing/step", "timing/generate", "timing/policy_train", "timing/sync_weights", "timing/ref",
+                "throughput/tokens_per_s", "reward/mean", "policy/entropy", "policy/grad_norm",
+                "memory/peak_gb", "eval/pass_at_1", "eval/pass_at_k", "eval/k")
+
+
+def _by_step(column: str) -> pl.Expr:
+    return pl.col(column).sort_by("step")
+
+
+def _after_warmup(column: str) -> pl.Expr:
+    n = pl.len()
+    warmup = pl.when(n > 1).then(pl.max_horizontal(pl.lit(1), n // 10)).otherwise(0)
+    return _by_step(column).slice(warmup)
+
+
+def _window_mean(column: str, last: bool) -> pl.Expr:
+    values = _by_step(column).drop_nulls()
+    k = (values.len() // 10).clip(1, 10)
+    return values.slice(values.len() - k, k).mean() if last else values.slice(0, k).mean()
+
+
+def _frac(column: str) -> pl.Expr:
+    return _after_warmup(column).mean() / _after_warmup("timing/step").mean()
+
+
+TRAIN_AGGREGATES = (
+    pl.col("step").max().alias("steps"),
+    _after_warmup("timing/step").median().alias("sec_per_step"),
+    _after_warmup("throughput/tokens_per_s").median().alias("tok_per_s"),
+    _frac("timing/generate").alias("gen_frac"),
+    _frac("timing/policy_train").alias("train_frac"),
+    _frac("timing/sync_weights").alias("sync_frac"),
+    _frac("timing/ref").alias("ref_frac"),
+    pl.col("memory/peak_gb").max().alias("memory_peak_gb"),
+    _window_mean("reward/mean", last=False).alias("reward_first"),
+    _window_mean("reward/mean", last=True).alias("reward_last"),
+    pl.col("policy/entropy").min().alias("entropy_min"),
+    pl.col("policy/grad_norm").max().alias("grad_norm_max"),
+)
+EVAL_AGGREGATES = (
+    _by_step("eval/pass_at_1").drop_nulls().last().alias("pass_at_1"),
+    _by_step("eval/pass_at_k").drop_nulls().last().alias("pass_at_k"),
+    _by_step("eval/k").drop_nulls().last().alias("eval_k"),
+)
+DELTA_VS_BASE = (
+    (pl.col("sec_per_step") / pl.col("sec_per_step").filter(pl.col("cell") == BASE_CELL).first() - 1) * 100
+).alias("delta_vs_base_pct")
+
+
+def scan_cell(directory: Path) -> pl.LazyFrame | None:
+    """A cell's train and eval records as a LazyFrame (``kind``, ``step``, numeric metrics
+    as Float64), one row per (kind, step), or None when it has no metrics yet."""
+    found = metrics.source(directory)
+    if found is None:
+        return None
+    kind, path = found
+    frame = None
+    if kind == "jsonl":
+        frame = _scan_jsonl(path)
+    if frame is None:  # stdout lines, or a metrics file polars cannot take as it is
+        records = metrics.dedupe(metrics.PARSERS[kind](metrics.complete_text(path)[0].splitlines()))
+        if not records:
+            return None
+        frame = pl.from_dicts(records, infer_schema_length=None).lazy()
+    schema = frame.collect_schema()
+    numeric = [name for name, dtype in schema.items() if dtype.is_numeric() and name != "step"]
+    return (
+        frame.filter(pl.col("kind").is_in(["train", "eval"]))
+        .select(pl.col("kind"), pl.col("step").cast(pl.Int64), *(pl.col(name).cast(pl.Float64) for name in numeric))
+        .unique(subset=["kind", "step"], keep="last", maintain_order=True)
+    )
+
+
+def _scan_jsonl(path: Path) -> pl.LazyFrame | None:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if not data.strip():
+        return None
+    try:
+        if data.endswith(b"\n"):
+            frame = pl.scan_ndjson(path, infer_schema_length=None)
+        else:  # the writer is mid-line: take the complete lines only
+            frame = pl.read_ndjson(io.BytesIO(data[: data.rfind(b"\n") + 1]), infer_schema_length=None).lazy()
+        schema = frame.collect_schema()
+    except pl.exceptions.PolarsError:
+        return None  # a damaged line in the middle: metrics.py's line-by-line reader skips it
+    return frame if "kind" in schema and "step" in schema else None
+
+
+def _natural(text: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _diff_text(record) -> str:
+    diff = (record or {}).get("diff") or {}
+    return " ".join(f"{key}={json.dumps(after)}" for key, (_, after) in diff.items())
+
+
+def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl.DataFrame]:
+    """The two tables of one grid dir, optionally only for some of its cells."""
+    views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
+    views.sort(key=lambda view: (view.name != BASE_CELL, _line(view), _natural(view.name)))
+    cell_info = pl.LazyFrame(
+        {
+            "cell": [view.name for view in views],
+            "status": [view.outcome for view in views],
+            "diff": [_diff_text(view.record) for view in views],
+            "failure": [view.failure if view.outcome not in ("passed", "xpassed") else None for view in views],
+        },
+        schema={"cell": pl.String, "status": pl.String, "diff": pl.String, "failure": pl.String},
+    )
+    frames = [frame.with_columns(pl.lit(view.name).alias("cell"))
+              for view in views if (frame := scan_cell(view.directory)) is not None]
+    if frames:
+        records = pl.concat(frames, how="diagonal_relaxed")
+        present = records.collect_schema().names()
+        records = records.with_columns(
+            pl.lit(None, dtype=pl.Float64).alias(name) for name in USED_METRICS if name not in present)
+    else:
+        records = pl.LazyFrame(schema={"cell": pl.String, "kind": pl.String, "step": pl.Int64,
+                                       **{name: pl.Float64 for name in USED_METRICS}})
+    train = records.filter(pl.col("kind") == "train").group_by("cell").agg(TRAIN_AGGREGATES)
+    evals = records.filter(pl.col("kind") == "eval").group_by("cell").agg(EVAL_AGGREGATES)
+    joined = (cell_info.join(train, on="cell", how="left", maintain_order="left")
+              .join(evals, on="cell", how="left", maintain_order="left")
+              .with_columns(DELTA_VS_BASE))
+    both = pl.collect_all([joined.select(columns) for columns in TABLES.values()])
+    return dict(zip(TABLES, both))
+
+
+def _line(view: st.CellView) -> int:
+    location = (view.record or {}).get("location") or [None, 0]
+    return location[1] if isinstance(location[1], int) else 0
+
+
+def to_markdown(frame: pl.DataFrame) -> str:
+    def cell(value) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "|".join("---" for _ in frame.columns) + "|"]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in frame.iter_rows()]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(report_dir: Path, tables: dict[str, pl.DataFrame], fmt: str) -> list[Path]:
+    """Write parquet, csv and markdown of each table (and json when asked for)."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in tables.items():
+        outputs = {"parquet": frame.write_parquet, "csv": frame.write_csv,
+                   "md": lambda path, frame=frame: Path(path).write_text(to_markdown(frame))}
+        if fmt == "json":
+            outputs["json"] = frame.write_json
+        for extension, write in outputs.items():
+            path = report_dir / f"{name}.{extension}"
+            temp = path.with_name(f".{path.name}.tmp")
+            write(temp)
+            temp.replace(path)
+            written.append(path)
+    return written
+
+
+def group_by_grid(runs_dir: Path, specs) -> dict[Path, list[Path] | None]:
+    """Grid dir -> the cell dirs asked for (None: all of them)."""
+    try:
+        directories = st.find_cell_dirs(runs_dir, specs)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    grids: dict[Path, list[Path] | None] = {}
+    whole = not specs or all("::" not in str(spec) and not hasattr(spec, "grid_name") for spec in specs)
+    for directory in directories:
+        if whole:
+            grids.setdefault(directory.parent, None)
+        else:
+            grids.setdefault(directory.parent, []).append(directory)
+    return grids
+
+
+def make_report(session, specs, fmt: str = "table") -> int:
+    """Build, print and write the tables of the grids (or cells) named by ``specs``."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    grids = group_by_grid(session.runs_dir, specs)
+    if not grids:
+        session.console.print(f"no runs under {session.display_path(session.runs_dir)}", markup=False)
+        return ExitCode.NO_CELLS
+    for grid_dir, cells in grids.items():
+        tables = grid_tables(grid_dir, cells)
+        written = write_tables(grid_dir / REPORT_DIR, tables, fmt)
+        _print(session, grid_dir.name, tables, fmt, written)
+    return ExitCode.OK
+
+
+def _print(session, grid: str, tables: dict[str, pl.DataFrame], fmt: str, written: list[Path]) -> None:
+    console = session.console
+    for name, frame in tables.items():
+        if fmt == "table":
+            # Columns no cell has a value in (no eval, no timing breakdown) are left out on
+            # screen; the files keep every column.
+            shown = frame.select(column for column in frame.columns
+                                 if column in ("cell", "status") or frame[column].null_count() < frame.height)
+            print_wide(console, _rich_table(f"{grid}: {name}", shown))
+        elif fmt == "csv":
+            console.print(f"# {grid} {name}", markup=False)
+            console.print(frame.write_csv(), markup=False, end="")
+        elif fmt == "md":
+            console.print(f"## {grid}: {name}\n", markup=False)
+            console.print(to_markdown(frame), markup=False)
+        elif fmt == "json":
+            console.print(json.dumps({"grid": grid, "table": name, "rows": frame.to_dicts()}), markup=False)
+    shown = ", ".join(session.display_path(path) for path in written)
+    console.print(f"wrote {shown}", markup=False, style="dim" if fmt == "table" else None)
+
+
+def _rich_table(title: str, frame: pl.DataFrame) -> Table:
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for column in frame.columns:
+        numeric = frame.schema[column].is_numeric()
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
+    for row in frame.iter_rows(named=True):
+        values = []
+        for column, value in row.items():
+            if value is None:
+                values.append("")
+            elif column == "status":
+                style = STYLES.get(value)
+                values.append(f"[{style}]{label(value)}" if style else label(value))
+            elif isinstance(value, float):
+                values.append(f"{value:+.1f}%" if column == "delta_vs_base_pct" else f"{value:.4g}")
+            else:
+                values.append(str(value))
+        table.add_row(*values)
+    return table

@@ -1,0 +1,347 @@
+"""``sweep run`` after validation: plan each cell, prepare its dir, hand it to the executor,
+follow it to its end, and sum up like pytest.
+
+The loop is the same for every executor (see ``sweepkit.executors.base``): ``take`` the
+cells that may start now, ``submit`` them, ``poll`` the handles, and read each cell's
+result from its ``state.json``, which only the job writes once it runs. Cells another
+driver is running are watched through their lock until it is released.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+from sweepkit import plan as pl
+from sweepkit import state as st
+from sweepkit.errors import UsageError
+from sweepkit.executors.base import DONE, Executor, Handle
+from sweepkit.hookspec import hookimpl
+from sweepkit.metrics import Follower
+from sweepkit.progress import RunDisplay, describe, fmt_duration
+from sweepkit.session import ExitCode
+
+POLL_INTERVAL_S = 0.2
+# A submission whose job has not taken the cell's lock after this long, while its driver
+# is gone, is taken over by the next driver (local jobs start within a second or two).
+ABANDONED_AFTER_S = 30.0
+DRIVERS_DIR = ".drivers"
+
+
+@hookimpl
+def sweep_addoption(parser):
+    parser.addoption("--max-parallel", commands=("run",), type=int, default=None, metavar="N",
+                     help="run at most N cells at once (local executor; default: one per GPU, "
+                          "one without GPUs)")
+
+
+@hookimpl
+def sweep_validate_cell(cell, session):
+    options = session.options
+    if getattr(options, "command", None) != "run":
+        return []
+    if options.rerun and options.resume:
+        return ["--rerun and --resume exclude each other: --rerun starts over, --resume continues"]
+    try:
+        pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume)
+    except pl.PlanError as error:
+        return [str(error)]
+    return []
+
+
+def make_executor(session) -> Executor:
+    name = session.options.executor or session.hook.sweep_choose_executor(session=session)
+    spec = session.registry.executors.get(name)
+    if spec is None:
+        known = ", ".join(sorted(session.registry.executors)) or "none"
+        raise UsageError(f"--executor {name}: no such executor (known: {known})")
+    return spec.factory(session)
+
+
+def run_cells(session, cells) -> int:
+    """Run the selected, validated cells; returns the exit code."""
+    options = session.options
+    try:
+        session.runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"runs dir {session.runs_dir}: cannot create it ({error.strerror})") from None
+    if not os.access(session.runs_dir, os.W_OK):
+        raise UsageError(f"runs dir {session.runs_dir}: not writable")
+    executor = make_executor(session)
+    plans, errors = [], []
+    for cell in cells:
+        try:
+            plans.append(pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume))
+        except pl.PlanError as error:  # the state changed since validation
+            file, line = cell.location
+            errors.append(f"{file}:{line}: {cell.name}: {error}")
+    jobs = {plan.cell.nodeid: pl.make_job(plan, executor.name, _hook_env(session, plan.cell))
+            for plan in plans if plan.action in (pl.FRESH, pl.RESUME)}
+    for plan in plans:
+        problem = executor.check(jobs[plan.cell.nodeid]) if plan.cell.nodeid in jobs else None
+        if problem:
+            file, line = plan.cell.location_of("gpus")
+            errors.append(f"{file}:{line}: {plan.cell.name}: {problem}")
+    if errors:
+        raise UsageError(*errors, f"{len(errors)} error{'s' if len(errors) > 1 else ''} found; nothing was run")
+    if options.dry_run:
+        return dry_run(session, plans, jobs)
+    if options.detach and not executor.jobs_outlive_driver:
+        return start_background_driver(session, len(jobs))
+    return Run(session, executor, plans, jobs).execute()
+
+
+def _hook_env(session, cell) -> list[dict]:
+    return session.hook.sweep_cell_env(cell=cell, session=session)
+
+
+def dry_run(session, plans, jobs) -> int:
+    console = session.console
+    for plan in plans:
+        nodeid = plan.cell.nodeid
+        if nodeid not in jobs:
+            console.print(f"{plan.action.upper():<8} {nodeid}  ({plan.note})", markup=False)
+            continue
+        job = jobs[nodeid]
+        console.print(f"{plan.action.upper():<8} {nodeid}" + (f"  ({plan.note})" if plan.note else ""), markup=False)
+        console.print(f"  dir:  {session.display_path(plan.directory)}", markup=False)
+        console.print(f"  argv: {shlex.join(job.argv)}", markup=False)
+        for key, value in sorted(job.env.items()):
+            console.print(f"  env:  {key}={value}", markup=False)
+        if job.gpus:
+            console.print(f"  gpus: {job.gpus}", markup=False)
+    counts = {action: sum(plan.action == action for plan in plans) for action in (pl.FRESH, pl.RESUME, pl.SKIP, pl.ATTACH)}
+    console.print(f"dry run: would run {counts[pl.FRESH]} fresh, resume {counts[pl.RESUME]}, skip {counts[pl.SKIP]}, "
+                  f"wait for {counts[pl.ATTACH]} running; nothing was started or written", markup=False)
+    return ExitCode.OK
+
+
+def start_background_driver(session, n_jobs: int) -> int:
+    """``--detach`` with an executor whose jobs need a driver: start this same command
+    without ``--detach`` in a new session, its output in the runs dir, and return."""
+    logs = session.runs_dir / DRIVERS_DIR
+    logs.mkdir(parents=True, exist_ok=True)
+    argv = [arg for arg in sys.argv[1:] if not (arg.startswith("--det") and "--detach".startswith(arg))]
+    log = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    with open(log, "w") as output:
+        driver = subprocess.Popen([sys.executable, "-m", "sweepkit", *argv], stdout=output, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    session.console.print(f"detached: driver pid {driver.pid} runs {n_jobs} cell(s); its output: "
+                          f"{session.display_path(log)}; follow with: sweep status", markup=False)
+    return ExitCode.OK
+
+
+@attrs.define
+class Tracked:
+    plan: pl.Plan
+    follower: Follower
+    job: object = None
+    handle: Handle | None = None
+    started_seen: bool = False
+
+
+class Run:
+    """One driver's pass over its cells: ``queue`` waits for the executor, ``active`` was
+    submitted by this driver, ``attached`` runs under another driver and is watched."""
+
+    def __init__(self, session, executor: Executor, plans, jobs):
+        self.session = session
+        self.executor = executor
+        self.plans = plans
+        self.jobs = jobs
+        self.queue: list[Tracked] = []
+        self.active: list[Tracked] = []
+        self.attached: list[Tracked] = []
+        self.outcomes: dict[str, str] = {}
+        self.display = RunDisplay(session.console, [plan.cell.nodeid for plan in plans])
+        self.began = time.time()
+
+    def execute(self) -> int:
+        with self.display:
+            for plan in self.plans:
+                tracked = Tracked(plan=plan, follower=Follower(plan.directory), job=self.jobs.get(plan.cell.nodeid))
+                if plan.action == pl.SKIP:
+                    self._finish(tracked, "skipped", plan.note)
+                elif plan.action == pl.ATTACH or not self._prepare(tracked):
+                    self._attach(tracked)
+                else:
+                    self.queue.append(tracked)
+            try:
+                while self.queue or self.active or self.attached:
+                    self._watch()
+                    self._submit_ready()
+                    self._poll()
+                    self.display.refresh()
+                    if self.session.options.detach and not self.queue:
+                        break  # jobs_outlive_driver: everything is queued at the executor
+                    if self.queue or self.active or self.attached:
+                        time.sleep(POLL_INTERVAL_S)
+            except KeyboardInterrupt:
+                for tracked in self.active:
+                    self.executor.cancel(tracked.handle)
+                self.display.event("cancelled", "run", "interrupted; cancelled the running cells")
+                self.executor.close()
+                self._summary()
+                return ExitCode.INTERRUPTED
+        self.executor.close()
+        return self._summary()
+
+    def _prepare(self, tracked: Tracked) -> bool:
+        plan = tracked.plan
+        if not pl.mark_pending(plan):
+            return False
+        deleted = pl.write_cell_files(plan)
+        if deleted:
+            shown = ", ".join(path.name for path in deleted[:5]) + (" ..." if len(deleted) > 5 else "")
+            self.display.event("deleted", plan.cell.nodeid,
+                               f"{len(deleted)} checkpoint entr{'y' if len(deleted) == 1 else 'ies'} "
+                               f"in {self.session.display_path(plan.directory / st.CKPT_DIR)}: {shown}")
+        self.session.hook.sweep_prepare_cell_dir(cell=plan.cell, cell_dir=plan.directory,
+                                                 fresh=plan.action == pl.FRESH, session=self.session)
+        return True
+
+    def _attach(self, tracked: Tracked) -> None:
+        nodeid = tracked.plan.cell.nodeid
+        state = st.read_state(tracked.plan.directory)
+        self.executor.hold_foreign(nodeid, state.last_attempt if state and state.state == "running" else None)
+        self.attached.append(tracked)
+        self.display.update(nodeid, status="attached", started=time.time(), note="started by another driver")
+        self.display.event("attached", nodeid, tracked.plan.note or "running under another driver; waiting for it")
+
+    def _watch(self) -> None:
+        for tracked in list(self.attached):
+            directory = tracked.plan.directory
+            nodeid = tracked.plan.cell.nodeid
+            if st.is_locked(directory):
+                self.display.update(nodeid, summary=tracked.follower.summary())
+                continue
+            state = st.read_state(directory)
+            if state is not None and state.state == "submitted" and state.submission is not None:
+                if time.time() - state.submission.submitted < ABANDONED_AFTER_S:
+                    continue  # another driver's job has not started yet
+                self._take_over(tracked)
+                continue
+            self.attached.remove(tracked)
+            self.executor.release_foreign(nodeid)
+            self._finished(tracked, state)
+
+    def _take_over(self, tracked: Tracked) -> None:
+        """A submission whose job never started (its driver died first): run it here."""
+        self.attached.remove(tracked)
+        self.executor.release_foreign(tracked.plan.cell.nodeid)
+        options = self.session.options
+        try:
+            plan = pl.plan_cell(tracked.plan.cell, self.session.runs_dir, rerun=False, resume=options.resume)
+        except pl.PlanError as error:
+            self._finish(tracked, "failed", str(error))
+            return
+        tracked.plan = plan
+        tracked.job = pl.make_job(plan, self.executor.name, _hook_env(self.session, plan.cell))
+        if plan.action == pl.ATTACH or not self._prepare(tracked):
+            self._attach(tracked)
+        else:
+            self.queue.append(tracked)
+
+    def _submit_ready(self) -> None:
+        ready = self.executor.take([tracked.job for tracked in self.queue])
+        if not ready:
+            return
+        by_token = {tracked.job.token: tracked for tracked in self.queue}
+        batch = []
+        for job in ready:
+            tracked = by_token[job.token]
+            self.queue.remove(tracked)
+            if pl.mark_submitted(job):
+                batch.append(tracked)
+            else:
+                self._attach(tracked)
+        if not batch:
+            return
+        handles = self.executor.submit([tracked.job for tracked in batch])
+        for tracked, handle in zip(batch, handles):
+            tracked.handle = handle
+            pl.record_job_id(tracked.job, handle.job_id)
+            self.active.append(tracked)
+            what = "resume" if tracked.job.resume else "run"
+            self.display.update(tracked.plan.cell.nodeid, status="submitted", started=time.time())
+            self.display.event("submitted", tracked.plan.cell.nodeid,
+                               f"{self.executor.name} job {handle.job_id} ({what})")
+
+    def _poll(self) -> None:
+        for tracked in list(self.active):
+            nodeid = tracked.plan.cell.nodeid
+            state = st.read_state(tracked.plan.directory)
+            if not tracked.started_seen and state is not None and state.state == "running":
+                self._started(tracked, state)
+            if self.executor.poll(tracked.handle) != DONE:
+                self.display.update(nodeid, summary=tracked.follower.summary(),
+                                    status="running" if tracked.started_seen else "submitted")
+                continue
+            self.active.remove(tracked)
+            state = st.read_state(tracked.plan.directory)
+            mine = state is not None and state.submission is not None and state.submission.token == tracked.job.token
+            if not mine:  # a later driver took the cell over before this job got its lock
+                self._attach(tracked)
+                continue
+            if state.state in ("submitted", "running"):
+                failure = self.executor.error(tracked.handle) or "the job ended without recording a result"
+                state = pl.record_lost_job(tracked.job, failure) or st.read_state(tracked.plan.directory)
+            if not tracked.started_seen and state.attempts:
+                self._started(tracked, state)
+            self._finished(tracked, state)
+
+    def _started(self, tracked: Tracked, state: st.CellState) -> None:
+        tracked.started_seen = True
+        attempt = state.last_attempt
+        self.display.update(tracked.plan.cell.nodeid, status="running", attempt=attempt.n if attempt else None,
+                            started=(attempt.started if attempt and attempt.started else time.time()))
+        self.session.hook.sweep_cell_started(cell=tracked.plan.cell, state=state)
+
+    def _finished(self, tracked: Tracked, state: st.CellState | None) -> None:
+        directory = tracked.plan.directory
+        effective = st.effective_state(directory, state)
+        xfail = tracked.plan.cell.xfail
+        result = st.outcome(effective, None if xfail is None else {
+            "strict": bool(xfail.kwargs.get("strict", False))})
+        attempt = state.last_attempt if state else None
+        summary = tracked.follower.summary()
+        parts = [describe(summary)]
+        if attempt and attempt.started and attempt.ended:
+            parts.append(f"in {fmt_duration(attempt.ended - attempt.started)}")
+        if attempt and attempt.failure and result != "passed":
+            parts.append(f"({attempt.failure})")
+        if result in ("xfailed", "xpassed", "xpassed-strict") and xfail.reason:
+            parts.append(f"[xfail: {xfail.reason}]")
+        self._finish(tracked, result, "  ".join(part for part in parts if part), summary=summary,
+                     ended=attempt.ended if attempt else None)
+        if state is not None:
+            self.session.hook.sweep_cell_finished(cell=tracked.plan.cell, state=state)
+
+    def _finish(self, tracked: Tracked, result: str, detail: str, **row) -> None:
+        nodeid = tracked.plan.cell.nodeid
+        self.outcomes[nodeid] = result
+        self.display.update(nodeid, status=result, **row)
+        self.display.event(result, nodeid, detail)
+
+    def _summary(self) -> int:
+        counts: dict[str, int] = {}
+        for result in self.outcomes.values():
+            counts[result] = counts.get(result, 0) + 1
+        order = ("failed", "xpassed-strict", "interrupted", "cancelled", "passed", "skipped", "xfailed", "xpassed")
+        parts = [f"{counts[key]} {key}" for key in order if key in counts]
+        unfinished = len(self.plans) - len(self.outcomes)
+        if unfinished:
+            parts.append(f"{unfinished} not finished")
+        failing = any(result in st.FAILING_OUTCOMES for result in self.outcomes.values()) or unfinished
+        elapsed = time.time() - self.began
+        self.session.console.print(f"==== {', '.join(parts) or 'no cells'} in {elapsed:.2f}s ====",
+                                   style="bold red" if failing else "bold green", markup=False)
+        if self.session.options.detach and unfinished:
+            return ExitCode.OK  # submitted to a queue that runs them without this process
+        return ExitCode.CELLS_FAILED if failing else ExitCode.OK

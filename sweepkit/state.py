@@ -1,0 +1,393 @@
+"""A cell's state on disk: ``runs/<grid>/<cell>/`` and the files in it.
+
+Every write goes to a temporary file in the same directory and is moved over the old one
+with ``os.replace``, so a reader (another driver, ``sweep status``) sees the old file or
+the new one, never half of one. Read-modify-write of ``state.json`` happens under
+``.state.lock``; ``.lock`` is held by the process that runs the cell for its whole life, so
+"is this cell running?" is answered by trying that lock, which the kernel frees when the
+holder dies however it dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+STATES = ("pending", "submitted", "running", "completed", "failed", "cancelled")
+FINISHED = ("completed", "failed", "cancelled")
+
+CELL_FILE = "cell.json"
+CONFIG_FILE = "config.json"
+STATE_FILE = "state.json"
+LOCK_FILE = ".lock"
+STATE_LOCK_FILE = ".state.lock"
+STDOUT_FILE = "stdout.log"
+STDERR_FILE = "stderr.log"
+METRICS_FILE = "metrics.jsonl"
+CKPT_DIR = "ckpt"
+
+
+def _tuple(value) -> tuple:
+    return tuple(value or ())
+
+
+def _from_json(cls, data: Mapping[str, Any]):
+    """An attrs record from its JSON form; keys a newer sweepkit added are ignored."""
+    fields = {field.name for field in attrs.fields(cls)}
+    return cls(**{key: value for key, value in data.items() if key in fields})
+
+
+@attrs.frozen(kw_only=True)
+class Attempt:
+    """One start of a cell's process (a fresh run, a retry or a resume)."""
+
+    n: int
+    executor: str
+    job_id: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    resume: bool = False
+    devices: str | None = None  # the CUDA_VISIBLE_DEVICES the cell's process got
+    started: float | None = None
+    ended: float | None = None
+    returncode: int | None = None
+    failure: str | None = None
+
+
+
+@attrs.frozen(kw_only=True)
+class Submission:
+    """The job a driver last handed to an executor for this cell.
+
+    ``token`` is written before the job starts and handed to the job; a job that finds a
+    different token once it holds the cell lock was superseded by a later driver and exits
+    without running anything (see ``sweepkit.job``).
+    """
+
+    executor: str
+    token: str
+    job_id: str | None = None
+    submitted: float = 0.0
+    resume: bool = False
+
+
+
+@attrs.frozen(kw_only=True)
+class CellState:
+    """Contents of ``state.json``."""
+
+    nodeid: str
+    state: str = attrs.field(validator=attrs.validators.in_(STATES))
+    config_hash: str
+    profile: str | None = None
+    attempts: tuple[Attempt, ...] = attrs.field(default=(), converter=_tuple)
+    submission: Submission | None = None
+    updated: float = 0.0
+
+    @property
+    def last_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "state": self.state,
+            "config_hash": self.config_hash,
+            "profile": self.profile,
+            "attempts": [attrs.asdict(attempt) for attempt in self.attempts],
+            "submission": attrs.asdict(self.submission) if self.submission else None,
+            "updated": self.updated,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, source: str = STATE_FILE) -> "CellState":
+        missing = [key for key in ("nodeid", "state", "config_hash") if key not in data]
+        if missing:
+            raise ValueError(f"{source}: missing keys {', '.join(missing)}")
+        submission = data.get("submission")
+        return cls(
+            nodeid=data["nodeid"],
+            state=data["state"],
+            config_hash=data["config_hash"],
+            profile=data.get("profile"),
+            attempts=[_from_json(Attempt, attempt) for attempt in data.get("attempts") or ()],
+            submission=_from_json(Submission, submission) if submission else None,
+            updated=data.get("updated", 0.0),
+        )
+
+
+def cell_dir(runs_dir: Path, cell) -> Path:
+    """Where a cell's files live: ``<runs_dir>/<grid name>/<cell name>``."""
+    return Path(runs_dir) / cell.grid_name / cell.name
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically: temp file in the same dir, fsync, ``os.replace``."""
+    path = Path(path)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temp, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+
+
+def read_state(directory: Path) -> CellState | None:
+    data = read_json(Path(directory) / STATE_FILE)
+    return None if data is None else CellState.from_json(data, source=str(Path(directory) / STATE_FILE))
+
+
+def write_state(directory: Path, state: CellState) -> None:
+    write_json(Path(directory) / STATE_FILE, attrs.evolve(state, updated=time.time()).to_json())
+
+
+@contextlib.contextmanager
+def _flock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def update_state(directory: Path, change: Callable[[CellState | None], CellState | None]) -> CellState | None:
+    """Read, change and write ``state.json`` under ``.state.lock``; ``change`` returning
+    None leaves the file as it is."""
+    directory = Path(directory)
+    with _flock(directory / STATE_LOCK_FILE):
+        new = change(read_state(directory))
+        if new is not None:
+            write_state(directory, new)
+        return new
+
+
+def is_locked(directory: Path) -> bool:
+    """True while some process holds the cell's ``.lock`` (that is, runs the cell)."""
+    lock = Path(directory) / LOCK_FILE
+    if not lock.exists():
+        return False
+    with _flock(lock, blocking=False) as acquired:
+        return not acquired
+
+
+class CellLock:
+    """The exclusive ``flock`` on ``<cell dir>/.lock``, held for the whole life of a run."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self, *, blocking: bool = True) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError as error:
+            os.close(fd)
+            if error.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        # Record who holds it, for status output; the lock itself is the truth.
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+        self._fd = fd
+        return True
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            raise RuntimeError(f"{self.path}: not held")
+        return self._fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def has_checkpoints(directory: Path) -> bool:
+    ckpt = Path(directory) / CKPT_DIR
+    return ckpt.is_dir() and any(ckpt.iterdir())
+
+
+def wipe_checkpoints(directory: Path) -> list[Path]:
+    """Empty the cell's own ``ckpt/`` (never anything outside the cell dir); returns what
+    was deleted so the caller can announce it."""
+    ckpt = Path(directory) / CKPT_DIR
+    if not ckpt.is_dir():
+        return []
+    deleted = sorted(ckpt.iterdir())
+    for entry in deleted:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return deleted
+
+
+def effective_state(directory: Path, state: CellState | None) -> str:
+    """The state to show and act on: a ``running`` state whose lock is free is a run that
+    died without recording its end ("interrupted")."""
+    if state is None:
+        return "pending"
+    if state.state == "running" and not is_locked(directory):
+        return "interrupted"
+    return state.state
+
+
+def outcome(state: str, xfail: Mapping[str, Any] | None) -> str:
+    """pytest's words for a cell's result: passed, failed, xfailed, xpassed, xpassed-strict
+    (an XPASS of a ``strict=True`` xfail, which fails the run), or the state itself while
+    the cell has no result yet (pending, submitted, running, interrupted, cancelled)."""
+    if state == "completed":
+        if xfail is None:
+            return "passed"
+        return "xpassed-strict" if xfail.get("strict") else "xpassed"
+    if state in ("failed", "interrupted"):
+        return "xfailed" if xfail is not None else ("failed" if state == "failed" else "interrupted")
+    return state
+
+
+FAILING_OUTCOMES = ("failed", "interrupted", "cancelled", "xpassed-strict")
+
+
+def last_failed(runs_dir: Path, cells) -> list:
+    """The cells whose last run did not succeed (pytest's ``--lf``): failed, cancelled or
+    interrupted; an expected failure (xfail) does not count."""
+    picked = []
+    for cell in cells:
+        directory = cell_dir(runs_dir, cell)
+        state = read_state(directory)
+        if state is None:
+            continue
+        effective = effective_state(directory, state)
+        if effective in ("failed", "cancelled", "interrupted") and cell.xfail is None:
+            picked.append(cell)
+    return picked
+
+
+def cell_record(cell) -> dict[str, Any]:
+    """What ``cell.json`` holds: everything ``sweep status`` and ``sweep report`` need to
+    describe a cell without importing its grid file."""
+    xfail = cell.xfail
+    return {
+        **cell.to_json(),
+        "xfail": None if xfail is None else {
+            "reason": xfail.reason,
+            "strict": bool(xfail.kwargs.get("strict", False)),
+        },
+    }
+
+
+def read_cell_record(directory: Path) -> dict[str, Any] | None:
+    return read_json(Path(directory) / CELL_FILE)
+
+
+def grid_dirs(runs_dir: Path) -> list[Path]:
+    """The grid directories of a runs dir (not its ``.drivers`` and such)."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        return []
+    return sorted(path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith("."))
+
+
+def cell_dirs(grid_dir: Path) -> list[Path]:
+    """The cell directories of a grid directory: those with a ``cell.json``."""
+    return sorted(path.parent for path in Path(grid_dir).glob(f"*/{CELL_FILE}"))
+
+
+def find_cell_dirs(runs_dir: Path, specs) -> list[Path]:
+    """Cell dirs named by ``specs`` without importing any grid file. A spec is a grid file
+    (``grids/x.py``, its stem names ``runs/x``), a node id (``grids/x.py::cell``), a
+    directory under the runs dir, or a ``Cell``; no specs means every grid of the runs dir.
+    Raises ValueError naming a spec that matches nothing on disk."""
+    runs_dir = Path(runs_dir)
+    if not specs:
+        return [directory for grid in grid_dirs(runs_dir) for directory in cell_dirs(grid)]
+    found: list[Path] = []
+    for spec in specs:
+        if hasattr(spec, "grid_name"):
+            found.append(cell_dir(runs_dir, spec))
+            continue
+        spec = str(spec)
+        path, _, name = spec.partition("::")
+        if Path(path).is_dir() and (Path(path) / CELL_FILE).exists():
+            matches = [Path(path)]
+        elif Path(path).is_dir():
+            matches = cell_dirs(Path(path))
+        else:
+            grid = runs_dir / Path(path).stem
+            matches = cell_dirs(grid) if not name else [grid / name] if (grid / name / CELL_FILE).exists() else []
+        if not matches:
+            raise ValueError(f"{spec}: no runs of it under {runs_dir}")
+        found.extend(matches)
+    return list(dict.fromkeys(found))
+
+
+@attrs.frozen(kw_only=True)
+class CellView:
+    """A cell as its files describe it, for ``status`` and ``report``."""
+
+    directory: Path
+    nodeid: str
+    name: str
+    record: Mapping[str, Any] | None
+    state: CellState | None
+    effective: str
+    outcome: str
+
+    @property
+    def failure(self) -> str | None:
+        attempt = self.state.last_attempt if self.state else None
+        return attempt.failure if attempt else None
+
+    @property
+    def job(self) -> str:
+        submission = self.state.submission if self.state else None
+        attempt = self.state.last_attempt if self.state else None
+        if submission is not None and submission.job_id:
+            return f"{submission.executor}:{submission.job_id}"
+        if attempt is not None and attempt.job_id:
+            return f"{attempt.executor}:{attempt.job_id}"
+        return ""
+
+
+def view(directory: Path) -> CellView:
+    directory = Path(directory)
+    record = read_cell_record(directory)
+    state = read_state(directory)
+    effective = effective_state(directory, state)
+    nodeid = (record or {}).get("nodeid") or (state.nodeid if state else f"{directory.parent.name}::{directory.name}")
+    return CellView(
+        directory=directory, nodeid=nodeid, name=directory.name, record=record, state=state,
+        effective=effective, outcome=outcome(effective, (record or {}).get("xfail")),
+    )

@@ -1,0 +1,256 @@
+"""``sweep run`` end to end on grids of real script cells (tests/cell_program.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cell_program import PROGRAM, intervals, max_overlap, read_events
+
+
+def script_grid(sweeper, name: str, cells: str, **base) -> Path:
+    """A grid whose cells run the test program; ``base`` values go into ``sk.base``."""
+    events = sweeper.path / "events.jsonl"
+    values = {"steps": 3, "sleep": 0.1, "events": str(events), **base}
+    args = ", ".join(f"{key}={value!r}" for key, value in values.items())
+    lines = ["import sweepkit as sk", f"target = sk.command('{{python}}', {PROGRAM!r})", f"base = sk.base({args})"]
+    return sweeper.grid(name, "\n".join(lines + [line.strip() for line in cells.strip().splitlines()]) + "\n")
+
+
+def state_of(sweeper, grid: str, cell: str) -> dict:
+    return json.loads((sweeper.path / "runs" / grid / cell / "state.json").read_text())
+
+
+def started(sweeper) -> list[str]:
+    return [event["cell"].split("::")[1] for event in read_events(sweeper.path / "events.jsonl")
+            if event["event"] == "start"]
+
+
+@pytest.fixture
+def cpu_sweeper(sweeper):
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs: one cell at a time by default
+    return sweeper
+
+
+def test_runs_grid_then_skips_completed_cells(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", """
+        longer = sk.cell(steps=4)
+        quick = sk.cell(sleep=0.0)
+    """)
+    result = cpu_sweeper.run("run")
+    assert result.ret == 0, result
+    assert "3 passed" in result.stdout
+    assert sorted(started(cpu_sweeper)) == ["base", "longer", "quick"]
+    # The default cap on a machine without GPUs is one cell at a time.
+    assert max_overlap(intervals(read_events(cpu_sweeper.path / "events.jsonl"))) == 1
+
+    cell = cpu_sweeper.path / "runs" / "g" / "longer"
+    assert json.loads((cell / "config.json").read_text())["steps"] == 4
+    record = json.loads((cell / "cell.json").read_text())
+    assert record["nodeid"] == "grids/g.py::longer"
+    assert record["diff"] == {"steps": [3, 4]}
+    state = state_of(cpu_sweeper, "g", "longer")
+    assert state["state"] == "completed"
+    assert [attempt["returncode"] for attempt in state["attempts"]] == [0]
+    assert sorted(path.name for path in (cell / "ckpt").iterdir()) == ["step_1", "step_2", "step_3", "step_4"]
+    assert len((cell / "metrics.jsonl").read_text().splitlines()) == 5  # 4 train + 1 eval
+
+    again = cpu_sweeper.run("run")
+    assert again.ret == 0, again
+    assert "3 skipped" in again.stdout
+    assert len(started(cpu_sweeper)) == 3  # nothing ran a second time
+
+
+def test_rerun_of_one_cell_runs_only_it_and_wipes_its_checkpoints(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", "other = sk.cell(steps=2)")
+    assert cpu_sweeper.run("run").ret == 0
+    stale = cpu_sweeper.path / "runs" / "g" / "base" / "ckpt" / "stale_marker"
+    stale.write_text("from an earlier run")
+
+    result = cpu_sweeper.run("run", "grids/g.py::base", "--rerun")
+    assert result.ret == 0, result
+    assert started(cpu_sweeper).count("base") == 2
+    assert started(cpu_sweeper).count("other") == 1
+    assert "DELETED" in result.stdout and "stale_marker" in result.stdout
+    assert not stale.exists()
+    assert len(state_of(cpu_sweeper, "g", "base")["attempts"]) == 2
+
+
+def test_changed_config_of_completed_cell_needs_rerun(cpu_sweeper):
+    grid = script_grid(cpu_sweeper, "g", "")
+    assert cpu_sweeper.run("run").ret == 0
+    grid.write_text(grid.read_text().replace("steps=3", "steps=2"))
+    result = cpu_sweeper.run("run")
+    assert result.ret != 0
+    assert "base: completed with a different config" in result.stderr and "--rerun" in result.stderr
+    assert started(cpu_sweeper) == ["base"]
+    assert cpu_sweeper.run("run", "--rerun").ret == 0
+    assert json.loads((cpu_sweeper.path / "runs/g/base/config.json").read_text())["steps"] == 2
+
+
+def test_failed_cell_with_checkpoints_needs_resume_or_rerun_and_resumes(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", """
+        flaky = sk.cell(steps=5, fail_at=3)
+        broken = sk.cell(steps=4, fail_at=2)
+    """)
+    first = cpu_sweeper.run("run", "--max-parallel", "3")
+    assert first.ret == 1, first
+    assert "2 failed" in first.stdout and "1 passed" in first.stdout
+    assert "RuntimeError: boom at step 3" in first.stdout
+    assert state_of(cpu_sweeper, "g", "flaky")["attempts"][0]["failure"] == "exit code 1: RuntimeError: boom at step 3"
+
+    refused = cpu_sweeper.run("run")
+    assert refused.ret != 0
+    # Every such cell is reported at once, and nothing ran.
+    for cell in ("flaky", "broken"):
+        assert f"{cell}: was failed and has checkpoints" in refused.stderr
+    assert "--resume" in refused.stderr and "--rerun" in refused.stderr
+    assert len(started(cpu_sweeper)) == 3
+
+    resumed = cpu_sweeper.run("run", "grids/g.py::flaky", "--resume")
+    assert resumed.ret == 0, resumed
+    flaky_starts = [event for event in read_events(cpu_sweeper.path / "events.jsonl")
+                    if event["event"] == "start" and event["cell"].endswith("::flaky")]
+    assert [event["start_step"] for event in flaky_starts] == [0, 3]
+    steps = [json.loads(line)["step"] for line in
+             (cpu_sweeper.path / "runs/g/flaky/metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 5]
+    attempts = state_of(cpu_sweeper, "g", "flaky")["attempts"]
+    assert [attempt["resume"] for attempt in attempts] == [False, True]
+
+
+def test_driver_killed_mid_grid_next_run_finishes_the_rest_without_overlap(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", """
+        c1 = sk.cell(steps=4)
+        c2 = sk.cell(steps=5)
+        c3 = sk.cell(steps=2)
+    """, sleep=0.3)
+    env = {**os.environ, **cpu_sweeper.env, "PYTHONPATH": str(cpu_sweeper.path)}
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run"], cwd=cpu_sweeper.path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    events = cpu_sweeper.path / "events.jsonl"
+    deadline = time.time() + 60
+    # Kill it while its second cell runs: one cell done, one in flight, two not started.
+    while time.time() < deadline and len([e for e in read_events(events) if e["event"] == "start"]) < 2:
+        assert driver.poll() is None, "the driver ended before it could be killed"
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+
+    result = cpu_sweeper.run("run")
+    assert result.ret == 0, result
+    assert "running under another driver" in result.stdout or "already running" in result.stdout
+    spans = intervals(read_events(events))
+    assert sorted(cell.split("::")[1] for cell, _, _ in spans) == ["base", "c1", "c2", "c3"]
+    assert max_overlap(spans) == 1  # the cap held across both drivers, and no cell ran twice
+    for cell in ("base", "c1", "c2", "c3"):
+        assert state_of(cpu_sweeper, "g", cell)["state"] == "completed"
+
+
+def test_concurrency_cap_and_gpu_placement(sweeper):
+    # Two GPU ids the driver may hand out; each cell asks for one.
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = "5,7"
+    script_grid(sweeper, "g", """
+        a = sk.cell(steps=2)
+        b = sk.cell(steps=4)
+        c = sk.cell(steps=1)
+    """, gpus=1, sleep=0.3)
+    result = sweeper.run("run")
+    assert result.ret == 0, result
+    events = read_events(sweeper.path / "events.jsonl")
+    spans = intervals(events)
+    assert len(spans) == 4
+    assert max_overlap(spans) <= 2
+    by_pid = {event["pid"]: event for event in events if event["event"] == "start"}
+    assert {event["devices"] for event in by_pid.values()} <= {"5", "7"}
+    # Cells running at the same time never share a GPU.
+    for i, (cell_a, start_a, end_a) in enumerate(spans):
+        for cell_b, start_b, end_b in spans[i + 1:]:
+            if start_a < end_b and start_b < end_a:
+                devices = {e["devices"] for e in by_pid.values() if e["cell"] in (cell_a, cell_b)}
+                assert len(devices) == 2, (cell_a, cell_b)
+
+
+def test_needing_more_gpus_than_the_machine_has_is_refused(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", "", gpus=2)
+    result = cpu_sweeper.run("run")
+    assert result.ret != 0
+    assert "grids/g.py:3: base: needs gpus=2" in result.stderr
+    assert started(cpu_sweeper) == []
+
+
+def test_xfail_and_xpass_outcomes(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", """
+        probe_fails = sk.cell(fail_at=1, marks=sk.mark.xfail(reason="ceiling"))
+        probe_passes = sk.cell(steps=2, marks=sk.mark.xfail(reason="might OOM"))
+    """, sleep=0.0)
+    result = cpu_sweeper.run("run", "--max-parallel", "3")
+    assert result.ret == 0, result
+    assert "XFAIL" in result.stdout and "XPASS" in result.stdout
+    assert "1 passed, 1 xfailed, 1 xpassed" in result.stdout
+
+    strict = cpu_sweeper.grid("s", f"""
+        import sweepkit as sk
+        target = sk.command("{{python}}", {PROGRAM!r})
+        base = sk.base(steps=1, sleep=0.0, marks=sk.mark.xfail(reason="should fail", strict=True))
+    """)
+    assert strict.exists()
+    result = cpu_sweeper.run("run", "grids/s.py")
+    assert result.ret == 1, result
+    assert "XPASS(strict)" in result.stdout
+
+
+def test_dry_run_shows_the_plan_and_runs_nothing(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", "other = sk.cell(steps=2)")
+    result = cpu_sweeper.run("run", "--dry-run")
+    assert result.ret == 0, result
+    assert "FRESH    grids/g.py::other" in result.stdout
+    assert PROGRAM in result.stdout
+    assert "SWEEP_CONFIG=" in result.stdout and "runs/g/other/config.json" in result.stdout
+    assert "SWEEP_RESUME=0" in result.stdout
+    assert started(cpu_sweeper) == []
+    assert not (cpu_sweeper.path / "runs" / "g").exists()
+
+
+def test_debug_executor_runs_cells_in_the_driver(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", "other = sk.cell(report='stdout')")
+    result = cpu_sweeper.run("run", "--executor", "debug")
+    assert result.ret == 0, result
+    assert "2 passed" in result.stdout
+    state = state_of(cpu_sweeper, "g", "other")
+    assert state["attempts"][0]["executor"] == "debug"
+    # In-process: the job ran in the driver, whose pid differs from the cell's parent's.
+    assert state["attempts"][0]["job_id"].startswith("debug-")
+
+
+def test_detach_then_status_follows_from_disk(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", "second = sk.cell(steps=4)", sleep=0.3)
+    result = cpu_sweeper.run("run", "--detach")
+    assert result.ret == 0, result
+    assert "detached" in result.stdout
+    logs = list((cpu_sweeper.path / "runs" / ".drivers").glob("*.log"))
+    assert len(logs) == 1
+
+    seen = set()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        status = cpu_sweeper.run("status")
+        assert status.ret == 0, status
+        lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("grids/")}
+        seen.update(line.split()[1] for line in lines.values())
+        if all(" PASSED " in line for line in lines.values()) and len(lines) == 2:
+            break
+        time.sleep(0.3)
+    assert all(" PASSED " in line for line in lines.values()), status
+    # status saw the cells before they were done, from disk alone.
+    assert seen & {"running", "pending", "submitted"}
+    assert "==== 2 passed" in logs[0].read_text()
+    assert "local:" in lines["grids/g.py::second"]
