@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import submitit
-from submitit.core.utils import FailedJobError
+from submitit.core.utils import FailedJobError, UncompletedJobError
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm"
 DAEMONS = ("mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd")
@@ -228,3 +228,22 @@ def test_submitit_signal_before_the_limit_fails_a_non_checkpointable_job(cluster
     with pytest.raises(FailedJobError, match="timed-out and not checkpointable"):
         job.result()
     assert submitit_final_state(job) == "FAILED"
+
+
+@pytest.mark.slow
+@needs_slow
+def test_submitit_without_signal_delay_lets_slurm_time_the_job_out(cluster: None, tmp_path: Path) -> None:
+    # With no warning signal the job is simply killed at the limit, so sacct
+    # (and submitit) report TIMEOUT rather than a failure.
+    def sleep_for(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(timeout_min=1, slurm_partition="debug", slurm_signal_delay_s=0)
+
+    job = executor.submit(sleep_for, 300)
+
+    with pytest.raises(UncompletedJobError, match="state: TIMEOUT"):
+        job.result()
+    assert submitit_final_state(job) == "TIMEOUT"
