@@ -80,20 +80,18 @@ def build_parser(registry=None, parser_class=argparse.ArgumentParser):
         subparsers[name] = p
         return p
 
-    def selection(p, failed: bool):
+    def selection(p):
         p.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
         p.add_argument("-k", dest="keyword", metavar="EXPR",
                        help="select cells whose ids/keywords match, e.g. 'tbs and not 512'")
         p.add_argument("-m", dest="markexpr", metavar="MARKEXPR",
                        help="select cells by marks, e.g. 'not slow'")
         p.add_argument("--profile", metavar="NAME", help=f"rewrite every cell ({profiles or 'none'})")
-        if failed:
-            p.add_argument("--failed", action="store_true",
-                           help="only the cells whose last run failed")
+        p.add_argument("--failed", action="store_true", help="only the cells whose last run failed")
 
-    selection(command("list", "list the cells and their diff against base (collect only)"), False)
+    selection(command("list", "list the cells and their diff against base (collect only)"))
     run = command("run", "run the selected cells (skips completed ones)")
-    selection(run, True)
+    selection(run)
     run.add_argument("--executor", metavar="NAME",
                      help=f"where cells run ({executors or 'none registered'}; default: chosen by plugins)")
     run.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")

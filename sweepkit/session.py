@@ -37,7 +37,8 @@ class Session:
 
     ``options`` is the parsed command line (``options.command`` is the
     subcommand); ``registry`` holds the launch keys, targets, executors and
-    profiles plugins registered; ``runs_dir`` defaults to ``<rootdir>/runs``.
+    profiles plugins registered; ``runs_dir`` defaults to ``<rootdir>/runs``;
+    ``collected`` caches each grid file's cells (before profiles) by absolute path.
     """
 
     pm: pluggy.PluginManager
@@ -48,6 +49,8 @@ class Session:
     err_console: Console = attrs.field(factory=lambda: make_console(sys.stderr))
     registry: Registry = attrs.field(factory=Registry)
     collected: dict[Path, list] = attrs.field(factory=dict)
+    #: Values plugins keep for the session (pytest's ``config.stash``); key by plugin name.
+    stash: dict = attrs.field(factory=dict)
 
     @classmethod
     def from_options(cls, pm: pluggy.PluginManager, options: argparse.Namespace) -> "Session":

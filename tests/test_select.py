@@ -68,3 +68,19 @@ def test_nothing_selected(sweeper):
     result = sweeper.run("list", "-k", "nothing_matches_this")
     assert result.ret == 5
     assert "0 cells" in result.stdout
+
+
+def test_failed_picks_the_cells_whose_last_run_failed(sweeper):
+    sweeper.grid("g", '''
+import sweepkit as sk
+target = sk.command("{python}", "-c", "import json, sys; sys.exit(json.load(open(sys.argv[1]))['code'])",
+                    "{config}")
+base = sk.base(code=0)
+broken = sk.cell(code=3)
+fine = sk.cell(code=0, other=1)
+''')
+    first = sweeper.run("run", "--executor", "local")
+    assert first.ret == 1, first
+    result = sweeper.run("list", "--failed")
+    assert result.ret == 0, result
+    assert ids(result) == ["broken"]
