@@ -27,13 +27,15 @@ def status_rows(runs_dir, specs) -> list[dict]:
         directories = st.find_cell_dirs(runs_dir, specs)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    # A collected cell that never ran has no files to name it yet.
+    nodeids = {st.cell_dir(runs_dir, spec): spec.nodeid for spec in specs or () if hasattr(spec, "grid_name")}
     rows = []
     now = time.time()
     for directory in directories:
         cell = st.view(directory)
         summary = metrics.summary(directory) if directory.exists() else metrics.Summary()
         rows.append({
-            "cell": cell.nodeid,
+            "cell": nodeids.get(directory, cell.nodeid),
             "status": cell.outcome if cell.state else "not run",
             "attempts": len(cell.state.attempts) if cell.state else 0,
             "step": summary.step,

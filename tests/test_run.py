@@ -252,5 +252,53 @@ def test_detach_then_status_follows_from_disk(cpu_sweeper):
     assert all(" PASSED " in line for line in lines.values()), status
     # status saw the cells before they were done, from disk alone.
     assert seen & {"running", "pending", "submitted"}
+    while time.time() < deadline and "====" not in logs[0].read_text():
+        time.sleep(0.1)  # the driver sums up after the last job has recorded its end
     assert "==== 2 passed" in logs[0].read_text()
     assert "local:" in lines["grids/g.py::second"]
+
+
+def test_resume_mode_goes_into_the_config_of_a_target_that_has_the_key(cpu_sweeper):
+    keys = ("steps", "sleep", "events", "fail_at", "resume_mode")
+    schema = {key: {"type": "typing.Any", "type_name": "any", "default": None, "doc": ""} for key in keys}
+    cpu_sweeper.grid("k", f"""
+        import typing
+        import sweepkit as sk
+        schema = {schema!r}
+        for entry in schema.values():
+            entry["type"] = typing.Any
+        target = sk.command("{{python}}", {PROGRAM!r}, schema=schema)
+        base = sk.base(steps=3, sleep=0.0, events={str(cpu_sweeper.path / 'events.jsonl')!r}, fail_at=2)
+    """)
+    assert cpu_sweeper.run("run").ret == 1
+    config = cpu_sweeper.path / "runs" / "k" / "base" / "config.json"
+    assert json.loads(config.read_text())["resume_mode"] is None
+    resumed = cpu_sweeper.run("run", "--resume")
+    assert resumed.ret == 0, resumed
+    assert json.loads(config.read_text())["resume_mode"] == "latest"
+    assert [event["start_step"] for event in read_events(cpu_sweeper.path / "events.jsonl")
+            if event["event"] == "start"] == [0, 2]
+
+
+@pytest.mark.slow
+def test_real_trainer_cell_runs_and_reports(cpu_sweeper):
+    cpu_sweeper.grid("tiny", """
+        import sweepkit as sk
+        base = sk.base(model="tiny-random", dataset="synthetic", device="cpu", backend="hf", num_gpus=0,
+                       train_batch_size=4, policy_mini_batch_size=4, n_samples_per_prompt=2,
+                       max_generate_length=4, max_steps=2, eval_limit=4, ckpt_interval=1,
+                       synthetic_size=64, export_final=False)
+    """)
+    result = cpu_sweeper.run("run")
+    assert result.ret == 0, result
+    cell = cpu_sweeper.path / "runs" / "tiny" / "base"
+    assert json.loads((cell / "config.json").read_text())["resume_mode"] is None
+    assert sorted(path.name for path in (cell / "ckpt").glob("global_step_*")) == ["global_step_1", "global_step_2"]
+    report = cpu_sweeper.run("report", "--format", "json")
+    assert report.ret == 0, report
+    tables = {item["table"]: item["rows"][0] for item in map(json.loads, report.stdout.splitlines()[:2])}
+    throughput, accuracy = tables["throughput"], tables["accuracy"]
+    assert (throughput["status"], throughput["steps"]) == ("passed", 2)
+    assert throughput["sec_per_step"] > 0 and throughput["tok_per_s"] > 0
+    assert 0 < throughput["gen_frac"] < 1 and 0 < throughput["train_frac"] < 1
+    assert accuracy["pass_at_k"] is not None and accuracy["reward_last"] is not None

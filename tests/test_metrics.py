@@ -1,0 +1,57 @@
+"""Reading metrics from metrics.jsonl and WANDB_MIRROR stdout lines."""
+
+from __future__ import annotations
+
+import json
+
+from sweepkit import metrics
+
+
+def mirror(kind: str, step: int, **values) -> str:
+    return f"WANDB_MIRROR kind={kind} step={step} metrics={json.dumps(values)}\n"
+
+
+def test_stdout_lines_with_noise_and_a_cut_last_line(tmp_path):
+    (tmp_path / "stdout.log").write_text(
+        "loading model...\n"
+        + mirror("train", 1, **{"timing/step": 4.0, "reward/mean": 0.1})
+        + "(RayWorker pid=77) " + mirror("train", 2, **{"timing/step": 1.0, "reward/mean": 0.2})
+        + mirror("eval", 2, **{"eval/pass_at_k": 0.5})
+        + 'WANDB_MIRROR kind=train step=3 metrics={"timing/st'
+    )
+    records = metrics.read_records(tmp_path)
+    assert [(r["kind"], r["step"]) for r in records] == [("train", 1), ("train", 2), ("eval", 2)]
+    assert records[1]["reward/mean"] == 0.2
+    summary = metrics.summary(tmp_path)
+    assert (summary.step, summary.reward) == (2, 0.2)
+    assert summary.sec_per_step == 1.0  # step 1 is warm-up
+
+
+def test_metrics_jsonl_is_preferred_and_repeated_steps_keep_the_last(tmp_path):
+    (tmp_path / "stdout.log").write_text(mirror("train", 1, **{"reward/mean": 9.0}))
+    lines = [{"kind": "train", "step": 1, "reward/mean": 0.1}, {"kind": "train", "step": 2, "reward/mean": 0.2},
+             # a resumed run repeats step 2 after its checkpoint at step 1
+             {"kind": "train", "step": 2, "reward/mean": 0.25}, {"kind": "info", "step": 0, "model": "x"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"kind": "tr')
+    records = metrics.read_records(tmp_path)
+    assert [(r["kind"], r["step"], r.get("reward/mean")) for r in records] == [
+        ("info", 0, None), ("train", 1, 0.1), ("train", 2, 0.25)]
+    assert metrics.source(tmp_path)[0] == "jsonl"
+
+
+def test_follower_reads_only_complete_lines_and_sees_a_restarted_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    follower = metrics.Follower(tmp_path)
+    assert follower.summary().step is None
+    path.write_text(json.dumps({"kind": "train", "step": 1, "timing/step": 2.0}) + "\n" + '{"kind": "train", "st')
+    assert follower.summary().step == 1
+    with open(path, "a") as handle:  # the writer finishes its line
+        handle.write('ep": 2, "timing/step": 1.0, "reward/mean": 0.5}\n')
+    summary = follower.summary()
+    assert (summary.step, summary.sec_per_step, summary.reward) == (2, 1.0, 0.5)
+    path.write_text(json.dumps({"kind": "train", "step": 1, "timing/step": 3.0}) + "\n")  # a fresh run
+    assert follower.summary().step == 1
+
+
+def test_warmup_steps():
+    assert [metrics.warmup_steps(n) for n in (0, 1, 2, 10, 19, 20, 233)] == [0, 0, 1, 1, 1, 2, 23]

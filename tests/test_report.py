@@ -1,0 +1,110 @@
+"""``sweep report``: tables from disk, in every format, with values recomputed here."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import polars as pl
+import pytest
+
+from cell_program import PROGRAM, eval_record, record
+from test_run import script_grid
+
+CONFIGS = {
+    "base": {"steps": 6, "t": 1.0},
+    "faster": {"steps": 6, "t": 0.5},
+    "mirror_only": {"steps": 4, "t": 1.0, "report": "stdout"},
+    "broken": {"steps": 6, "t": 1.0, "fail_at": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    """One grid run once (debug executor: in the driver, fast), then reported in each format."""
+    from conftest import Sweeper
+
+    project = tmp_path_factory.mktemp("report") / "project"
+    project.mkdir()
+    sweeper = Sweeper(project)
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    script_grid(sweeper, "g", """
+        faster = sk.cell(t=0.5)
+        mirror_only = sk.cell(steps=4, report="stdout")
+        broken = sk.cell(fail_at=3)
+    """, steps=6, t=1.0, sleep=0.0)
+    run = sweeper.run("run", "--executor", "debug")
+    assert run.ret == 1, run  # broken failed
+    outputs = {fmt: sweeper.run("report", "--format", fmt) for fmt in ("table", "csv", "md", "json", "parquet")}
+    return sweeper, outputs
+
+
+def expected_row(name: str) -> dict:
+    config = CONFIGS[name]
+    last = config.get("fail_at", config["steps"])
+    train = [record(config, step) for step in range(1, last + 1)]
+    after_warmup = train[1:]  # fewer than 20 steps: only step 1 is warm-up
+    mean = lambda key: statistics.mean(r[key] for r in after_warmup)  # noqa: E731
+    finished = "fail_at" not in config
+    return {
+        "steps": last,
+        "sec_per_step": statistics.median(r["timing/step"] for r in after_warmup),
+        "tok_per_s": statistics.median(r["throughput/tokens_per_s"] for r in after_warmup),
+        "gen_frac": mean("timing/generate") / mean("timing/step"),
+        "train_frac": mean("timing/policy_train") / mean("timing/step"),
+        "sync_frac": mean("timing/sync_weights") / mean("timing/step"),
+        # window of max(1, steps // 10) = 1 step at each end for these short runs
+        "reward_first": train[0]["reward/mean"],
+        "reward_last": train[-1]["reward/mean"],
+        "entropy_min": min(r["policy/entropy"] for r in train),
+        "pass_at_k": eval_record(config)["eval/pass_at_k"] if finished else None,
+    }
+
+
+def test_report_files_hold_the_values_recomputed_from_the_metrics(reported):
+    sweeper, outputs = reported
+    assert outputs["table"].ret == 0, outputs["table"]
+    report_dir = sweeper.path / "runs" / "g" / "report"
+    throughput = pl.read_parquet(report_dir / "throughput.parquet")
+    accuracy = pl.read_parquet(report_dir / "accuracy.parquet")
+    assert throughput["cell"].to_list() == ["base", "faster", "mirror_only", "broken"]
+    rows = {row["cell"]: {**row, **accuracy.row(i, named=True)} for i, row in enumerate(throughput.iter_rows(named=True))}
+    for name in CONFIGS:
+        for key, value in expected_row(name).items():
+            assert rows[name][key] == pytest.approx(value), (name, key)
+    base = rows["base"]["sec_per_step"]
+    assert rows["faster"]["delta_vs_base_pct"] == pytest.approx((rows["faster"]["sec_per_step"] / base - 1) * 100)
+    assert rows["faster"]["delta_vs_base_pct"] == pytest.approx(-50.0)
+    assert [rows[name]["status"] for name in CONFIGS] == ["passed", "passed", "passed", "failed"]
+    assert "RuntimeError: boom at step 3" in rows["broken"]["failure"]
+    assert rows["faster"]["diff"] == "t=0.5"
+
+
+def test_every_format_is_written_and_parses_back(reported):
+    sweeper, outputs = reported
+    report_dir = sweeper.path / "runs" / "g" / "report"
+    parquet = pl.read_parquet(report_dir / "throughput.parquet")
+    csv = pl.read_csv(report_dir / "throughput.csv")
+    assert csv["cell"].to_list() == parquet["cell"].to_list()
+    assert csv["sec_per_step"].to_list() == pytest.approx(parquet["sec_per_step"].to_list())
+    assert pl.read_json(report_dir / "accuracy.json")["reward_last"].to_list() == pytest.approx(
+        pl.read_parquet(report_dir / "accuracy.parquet")["reward_last"].to_list())
+    markdown = (report_dir / "accuracy.md").read_text().splitlines()
+    assert markdown[0].startswith("| cell | status | steps | reward_first |")
+    assert markdown[2].startswith("| base | passed | 6 |")
+
+    printed_csv = outputs["csv"].stdout
+    assert "# g throughput" in printed_csv and "base,passed,6," in printed_csv
+    printed = [json.loads(line) for line in outputs["json"].stdout.splitlines() if line.startswith("{")]
+    assert {(item["grid"], item["table"]) for item in printed} == {("g", "throughput"), ("g", "accuracy")}
+    assert "| faster | passed |" in outputs["md"].stdout
+    assert "throughput.parquet" in outputs["parquet"].stdout
+    table = outputs["table"].stdout
+    assert "g: throughput" in table and "FAILED" in table and "-50.0%" in table
+
+
+def test_report_of_an_unknown_grid_is_an_error(reported):
+    sweeper, _ = reported
+    result = sweeper.run("report", "grids/nothing.py")
+    assert result.ret != 0
+    assert "nothing" in result.stderr

@@ -1,0 +1,139 @@
+"""Run state on disk: atomic files, the cell lock, and the job function that honours both."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sweepkit import state as st
+from sweepkit.job import CellJob, run_cell
+
+
+def pending_cell(directory: Path, token: str = "tok") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    st.write_state(directory, st.CellState(
+        nodeid="grids/g.py::c", state="submitted", config_hash="h",
+        submission=st.Submission(executor="test", token=token, submitted=time.time())))
+
+
+def job_for(directory: Path, code: str, token: str = "tok") -> CellJob:
+    return CellJob(nodeid="grids/g.py::c", cell_dir=str(directory), argv=(sys.executable, "-c", code),
+                   env={"SWEEP_CELL": "grids/g.py::c"}, token=token, executor="test")
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_state_round_trips_and_writes_leave_no_temp_files(tmp_path):
+    state = st.CellState(nodeid="g::c", state="failed", config_hash="h", profile="smoke",
+                         attempts=[st.Attempt(n=1, executor="local", job_id="12", returncode=1, failure="boom")])
+    st.write_state(tmp_path, state)
+    assert st.read_state(tmp_path).attempts == state.attempts
+    assert st.read_state(tmp_path).profile == "smoke"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["state.json"]
+    with pytest.raises(ValueError, match="state"):
+        st.CellState(nodeid="g::c", state="exploded", config_hash="h")
+    (tmp_path / "state.json").write_text('{"nodeid": "g::c"}')
+    with pytest.raises(ValueError, match="state.json: missing keys state, config_hash"):
+        st.read_state(tmp_path)
+
+
+def test_lock_is_held_while_its_process_lives_and_freed_by_sigkill(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from sweepkit.state import CellLock; "
+        f"CellLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    st.write_state(tmp_path, st.CellState(nodeid="g::c", state="running", config_hash="h"))
+    assert st.is_locked(tmp_path)
+    assert st.effective_state(tmp_path, st.read_state(tmp_path)) == "running"
+    assert not st.CellLock(tmp_path).acquire(blocking=False)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert not st.is_locked(tmp_path)
+    # A run that recorded "running" and whose lock is free died without recording its end.
+    assert st.effective_state(tmp_path, st.read_state(tmp_path)) == "interrupted"
+
+
+def test_run_cell_records_attempt_output_and_failure(tmp_path):
+    pending_cell(tmp_path)
+    code = "import sys; print('out'); print('Traceback ...\\nValueError: bad lr', file=sys.stderr); sys.exit(3)"
+    assert run_cell(job_for(tmp_path, code), job_id="j1") == "failed"
+    state = st.read_state(tmp_path)
+    assert state.state == "failed"
+    (attempt,) = state.attempts
+    assert (attempt.n, attempt.job_id, attempt.returncode) == (1, "j1", 3)
+    assert attempt.failure == "exit code 3: ValueError: bad lr"
+    assert attempt.pid == os.getpid() and attempt.started <= attempt.ended
+    assert (tmp_path / "stdout.log").read_text() == "out\n"
+    assert not st.is_locked(tmp_path)
+
+
+def test_superseded_job_runs_nothing(tmp_path):
+    pending_cell(tmp_path, token="newer")
+    marker = tmp_path / "ran"
+    assert run_cell(job_for(tmp_path, f"open({str(marker)!r}, 'w')", token="older")) == "superseded"
+    assert not marker.exists()
+    assert st.read_state(tmp_path).attempts == ()
+
+
+def test_cell_process_keeps_the_lock_when_its_job_is_killed(tmp_path):
+    pending_cell(tmp_path)
+    pid_file = tmp_path / "child.pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    job = subprocess.Popen([sys.executable, "-c", (
+        "import pickle, sys; from sweepkit.job import run_cell; "
+        "run_cell(pickle.loads(sys.stdin.buffer.read()), job_id='j')")], stdin=subprocess.PIPE)
+    import pickle
+
+    job.stdin.write(pickle.dumps(job_for(tmp_path, code)))
+    job.stdin.close()
+    wait_for(lambda: pid_file.exists() and pid_file.read_text())
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    # The job died, but the cell's command still runs: nobody may start it again yet.
+    assert st.is_locked(tmp_path)
+    assert st.effective_state(tmp_path, st.read_state(tmp_path)) == "running"
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    wait_for(lambda: not st.is_locked(tmp_path))
+    assert st.effective_state(tmp_path, st.read_state(tmp_path)) == "interrupted"
+
+
+@pytest.mark.parametrize(("state", "xfail", "expected"), [
+    ("completed", None, "passed"),
+    ("failed", None, "failed"),
+    ("interrupted", None, "interrupted"),
+    ("failed", {"strict": False}, "xfailed"),
+    ("interrupted", {"strict": False}, "xfailed"),
+    ("completed", {"strict": False}, "xpassed"),
+    ("completed", {"strict": True}, "xpassed-strict"),
+    ("running", {"strict": False}, "running"),
+    ("cancelled", None, "cancelled"),
+])
+def test_outcome(state, xfail, expected):
+    assert st.outcome(state, xfail) == expected
+
+
+def test_find_cell_dirs_from_disk(tmp_path):
+    for grid, cell in (("g", "base"), ("g", "tbs128"), ("h", "base")):
+        (tmp_path / grid / cell).mkdir(parents=True)
+        st.write_json(tmp_path / grid / cell / "cell.json", {"nodeid": f"grids/{grid}.py::{cell}"})
+    (tmp_path / ".drivers").mkdir()
+    assert [p.relative_to(tmp_path).as_posix() for p in st.find_cell_dirs(tmp_path, [])] == [
+        "g/base", "g/tbs128", "h/base"]
+    assert [p.name for p in st.find_cell_dirs(tmp_path, ["grids/g.py"])] == ["base", "tbs128"]
+    assert [p.parent.name for p in st.find_cell_dirs(tmp_path, ["grids/h.py::base"])] == ["h"]
+    with pytest.raises(ValueError, match="grids/g.py::nope: no runs of it"):
+        st.find_cell_dirs(tmp_path, ["grids/g.py::nope"])
+    assert json.loads((tmp_path / "g" / "base" / "cell.json").read_text())["nodeid"] == "grids/g.py::base"

@@ -1,0 +1,73 @@
+"""``sweep status`` from disk: while a driver runs, after it is killed, and for a dead run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import polars as pl
+
+from cell_program import read_events
+from test_run import script_grid, state_of
+
+
+def status_line(sweeper, nodeid: str) -> str:
+    result = sweeper.run("status")
+    assert result.ret == 0, result
+    return next(line for line in result.stdout.splitlines() if line.startswith(nodeid + " "))
+
+
+def test_status_of_a_running_then_killed_run(sweeper):
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    script_grid(sweeper, "g", "", steps=2, sleep=0.0, hang_at=1)
+    env = {**os.environ, **sweeper.env}
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run"], cwd=sweeper.path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = sweeper.path / "runs" / "g" / "base" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().endswith("\n")):
+        time.sleep(0.05)
+
+    line = status_line(sweeper, "grids/g.py::base")
+    assert line.split()[1:4] == ["running", "1", "1"]  # status, attempts, step
+    assert "local:" in line
+    report = sweeper.run("report", "--format", "parquet")
+    assert report.ret == 0, report
+    row = pl.read_parquet(sweeper.path / "runs/g/report/throughput.parquet").row(0, named=True)
+    assert (row["cell"], row["status"], row["steps"]) == ("base", "running", 1)
+
+    # Kill everything: the driver, the job process and the cell's own process.
+    job_pid = state_of(sweeper, "g", "base")["attempts"][0]["pid"]
+    cell_pid = read_events(sweeper.path / "events.jsonl")[0]["pid"]
+    for pid in (driver.pid, job_pid, cell_pid):
+        os.kill(pid, signal.SIGKILL)
+    driver.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and " INTERRUPTED " not in status_line(sweeper, "grids/g.py::base"):
+        time.sleep(0.05)
+    assert " INTERRUPTED " in status_line(sweeper, "grids/g.py::base")
+    assert json.loads((sweeper.path / "runs/g/base/state.json").read_text())["state"] == "running"
+
+    # Its checkpoint must not be silently run over nor silently resumed.
+    refused = sweeper.run("run")
+    assert refused.ret != 0
+    assert "base: was interrupted and has checkpoints" in refused.stderr
+    assert "--resume" in refused.stderr and "--rerun" in refused.stderr
+
+    resumed = sweeper.run("run", "--resume")
+    assert resumed.ret == 0, resumed
+    starts = [event["start_step"] for event in read_events(sweeper.path / "events.jsonl") if event["event"] == "start"]
+    assert starts == [0, 1]
+    line = status_line(sweeper, "grids/g.py::base")
+    assert line.split()[1:4] == ["PASSED", "2", "2"]
+
+
+def test_status_lists_cells_never_run(sweeper):
+    script_grid(sweeper, "g", "other = sk.cell(steps=2)")
+    result = sweeper.run("status")
+    assert result.ret == 0, result
+    assert "grids/g.py::other" in result.stdout and "not run" in result.stdout
