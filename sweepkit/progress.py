@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from sweepkit.metrics import Summary
 
@@ -50,6 +51,10 @@ def print_wide(console: Console, table: Table) -> None:
 
 def label(status: str) -> str:
     return LABELS.get(status, status)
+
+
+def status_text(status: str) -> Text:
+    return Text(label(status), style=STYLES.get(status, ""))
 
 
 def fmt_number(value: float | None, digits: int = 3) -> str:
@@ -104,7 +109,9 @@ class RunDisplay:
 
     def event(self, status: str, nodeid: str, detail: str = "") -> None:
         text = f"{label(status):<13} {nodeid}" + (f"  {detail}" if detail else "")
-        self.console.print(text, style=STYLES.get(status), markup=False)
+        # A Text, not a str with style=: the live table is redrawn inside this print and
+        # would take on its style.
+        self.console.print(Text(text, style=STYLES.get(status, "")))
 
     def update(self, nodeid: str, **changes) -> None:
         row = self.rows[nodeid]
@@ -114,7 +121,7 @@ class RunDisplay:
             now = time.time()
             if now - row.last_plain >= PLAIN_PROGRESS_EVERY_S:
                 row.last_plain = now
-                self.console.print(f"{'':<13} {nodeid}  {describe(row.summary)}", markup=False)
+                self.console.print(Text(f"{'':<13} {nodeid}  {describe(row.summary)}"))
 
     def refresh(self) -> None:
         if self._live is not None:
@@ -129,14 +136,14 @@ class RunDisplay:
         for row in self.rows.values():
             elapsed = None if row.started is None else (row.ended or now) - row.started
             table.add_row(
-                row.nodeid,
-                f"[{STYLES.get(row.status, '')}]{label(row.status)}" if STYLES.get(row.status) else label(row.status),
+                Text(row.nodeid),
+                status_text(row.status),
                 "" if row.attempt is None else str(row.attempt),
                 "" if row.summary.step is None else str(row.summary.step),
                 fmt_number(row.summary.sec_per_step),
                 fmt_number(row.summary.reward),
                 fmt_duration(elapsed),
-                row.note,
+                Text(row.note),
             )
         return table
 

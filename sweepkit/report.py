@@ -33,11 +33,12 @@ from pathlib import Path
 
 import polars as pl
 from rich.table import Table
+from rich.text import Text
 
 from sweepkit import metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
-from sweepkit.progress import STYLES, label, print_wide
+from sweepkit.progress import print_wide, status_text
 from sweepkit.session import ExitCode
 
 FORMATS = ("table", "csv", "md", "json", "parquet")
@@ -278,13 +279,12 @@ def _rich_table(title: str, frame: pl.DataFrame) -> Table:
         values = []
         for column, value in row.items():
             if value is None:
-                values.append("")
+                values.append(Text(""))
             elif column == "status":
-                style = STYLES.get(value)
-                values.append(f"[{style}]{label(value)}" if style else label(value))
+                values.append(status_text(value))
             elif isinstance(value, float):
-                values.append(f"{value:+.1f}%" if column == "delta_vs_base_pct" else f"{value:.4g}")
+                values.append(Text(f"{value:+.1f}%" if column == "delta_vs_base_pct" else f"{value:.4g}"))
             else:
-                values.append(str(value))
+                values.append(Text(str(value)))
         table.add_row(*values)
     return table

@@ -14,7 +14,6 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import attrs
 

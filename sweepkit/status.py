@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 
 from rich.table import Table
+from rich.text import Text
 
 from sweepkit import metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
-from sweepkit.progress import STYLES, fmt_duration, fmt_number, label, print_wide
+from sweepkit.progress import fmt_duration, fmt_number, label, print_wide, status_text
 from sweepkit.session import ExitCode
 
 COLUMNS = ("cell", "status", "attempts", "step", "sec/step", "reward", "last metric", "job", "failure")
@@ -59,18 +60,16 @@ def show_status(session, specs) -> int:
     for column in COLUMNS:
         table.add_column(column, no_wrap=True, justify="right" if column in ("attempts", "step", "sec/step", "reward") else "left")
     for row in rows:
-        style = STYLES.get(row["status"])
-        status = label(row["status"])
         table.add_row(
-            row["cell"],
-            f"[{style}]{status}" if style else status,
+            Text(row["cell"]),
+            status_text(row["status"]),
             str(row["attempts"]),
             "" if row["step"] is None else str(row["step"]),
             fmt_number(row["sec_per_step"]),
             fmt_number(row["reward"]),
             "" if row["metric_age_s"] is None else f"{fmt_duration(row['metric_age_s'])} ago",
-            row["job"],
-            row["failure"] or "",
+            Text(row["job"]),
+            Text(row["failure"] or ""),
         )
     print_wide(session.console, table)
     counts: dict[str, int] = {}

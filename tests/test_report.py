@@ -8,7 +8,7 @@ import statistics
 import polars as pl
 import pytest
 
-from cell_program import PROGRAM, eval_record, record
+from cell_program import eval_record, record
 from test_run import script_grid
 
 CONFIGS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -95,8 +96,6 @@ def test_cell_process_keeps_the_lock_when_its_job_is_killed(tmp_path):
     job = subprocess.Popen([sys.executable, "-c", (
         "import pickle, sys; from sweepkit.job import run_cell; "
         "run_cell(pickle.loads(sys.stdin.buffer.read()), job_id='j')")], stdin=subprocess.PIPE)
-    import pickle
-
     job.stdin.write(pickle.dumps(job_for(tmp_path, code)))
     job.stdin.close()
     wait_for(lambda: pid_file.exists() and pid_file.read_text())
