@@ -222,13 +222,20 @@ class Run:
                 continue
             state = st.read_state(directory)
             if state is not None and state.state == "submitted" and state.submission is not None:
-                if time.time() - state.submission.submitted < ABANDONED_AFTER_S:
+                if self._queued_elsewhere(state.submission):
                     continue  # another driver's job has not started yet
                 self._take_over(tracked)
                 continue
             self.attached.remove(tracked)
             self.executor.release_foreign(nodeid)
             self._finished(tracked, state)
+
+    def _queued_elsewhere(self, submission: st.Submission) -> bool:
+        if submission.executor == self.executor.name and submission.job_id:
+            handle = self.executor.attach(submission.job_id)
+            if handle is not None:  # an executor that can follow the job (a cluster queue)
+                return self.executor.poll(handle) != DONE
+        return time.time() - submission.submitted < ABANDONED_AFTER_S
 
     def _take_over(self, tracked: Tracked) -> None:
         """A submission whose job never started (its driver died first): run it here."""

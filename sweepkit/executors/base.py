@@ -30,7 +30,7 @@ class Handle:
 
     executor: str
     job_id: str
-    cell: CellJob
+    cell: CellJob | None  # None for a job attached from its id alone
     job: Any = None
     gpu_ids: tuple[str, ...] = ()
 
@@ -77,9 +77,10 @@ class Executor(abc.ABC):
     def cancel(self, handle: Handle) -> None:
         """Stop the job; its cell records ``cancelled``."""
 
-    def attach(self, job: CellJob, job_id: str) -> Handle | None:
-        """A handle for a job submitted by an earlier process, or None when this executor
-        cannot follow it (the runner then watches the cell's lock instead)."""
+    def attach(self, job_id: str) -> Handle | None:
+        """A handle for a job another process submitted (its id from ``state.json``), or
+        None when this executor cannot follow it; the runner then relies on the cell's
+        lock and gives a submission whose job never took the lock a grace period."""
         return None
 
     def hold_foreign(self, nodeid: str, attempt) -> None:
