@@ -1,0 +1,221 @@
+"""The guarded checkpoint wipe: a fresh cell's old ``global_step_*`` go, nothing else ever does.
+
+When a checkpoint root is configured (launch key ``ckpt_root``, else ``$CHECKPOINTS_DIR``)
+every cell whose target does not take sweepkit's ``{ckpt_dir}`` (a SkyRL command; the
+built-in trainer's checkpoints stay in its cell dir) gets its own checkpoint dir
+``<root>/<grid>/<cell>``, exported to it as ``CKPT_DIR`` / ``EXPORT_PATH``, so no two
+cells share one (a shared dir made later cells silently resume another cell's steps). Before a cell
+starts, its dir is wiped only when all of these hold:
+
+- the run is fresh (sweepkit planned no resume) and the cell's resume mode is *explicitly*
+  fresh (``resume_mode=None``); ``"latest"`` / ``"from_path"`` keep everything;
+- the dir resolves (symlinks followed) strictly inside the resolved root;
+- the wipe is not switched off (``clean_ckpt=False`` or ``CLEAN_CKPT=0``).
+
+What it deletes (the ``global_step_*`` entries and the trainer's latest-step pointer) is
+printed before it is deleted. An unset or unknown resume mode is an error before any
+deletion: a script whose resume mode never arrived once fell back to "fresh" and deleted
+the checkpoint it was meant to resume (2026-06-24).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Optional
+
+from sweepkit.hookspec import hookimpl
+
+ROOT_ENV = "CHECKPOINTS_DIR"
+CLEAN_ENV = "CLEAN_CKPT"
+#: The cell keys that carry the resume mode: the built-in trainer's and SkyRL's Hydra path.
+RESUME_KEYS = ("resume_mode", "trainer.resume_mode")
+FRESH_MODES = (None, "null")
+RESUME_MODES = ("latest", "from_path")
+#: SkyRL's pointer to the newest step; left behind it would point at a deleted step.
+LATEST_POINTER = "latest_ckpt_global_step.txt"
+_STEP = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointGuardError(Exception):
+    """The wipe was refused; the message says why and what to set."""
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+#: Pass as ``resume_mode`` when the cell sets none; the guard refuses it.
+MISSING = _Missing()
+
+
+def is_fresh(resume_mode) -> bool:
+    """True for an explicitly fresh mode, False for a resume; CheckpointGuardError otherwise."""
+    if resume_mode is MISSING:
+        raise CheckpointGuardError(
+            "resume mode is unset: set resume_mode=None for a fresh run (its old checkpoints "
+            "are deleted) or resume_mode='latest' to continue from the latest one")
+    if resume_mode in FRESH_MODES:
+        return True
+    if resume_mode in RESUME_MODES:
+        return False
+    raise CheckpointGuardError(
+        f"resume_mode={resume_mode!r} is not a resume mode: use None (fresh) or one of "
+        f"{', '.join(repr(m) for m in RESUME_MODES)}")
+
+
+def inside_root(path: Path, root: Path) -> Path:
+    """``path`` resolved (symlinks followed); CheckpointGuardError unless strictly inside ``root``."""
+    resolved, resolved_root = Path(path).resolve(), Path(root).resolve()
+    if resolved == resolved_root or not resolved.is_relative_to(resolved_root):
+        via = f" (it resolves to {resolved})" if resolved != Path(path).absolute() else ""
+        raise CheckpointGuardError(
+            f"checkpoint dir {path}{via} is not inside the checkpoint root {resolved_root}; "
+            "refusing to delete anything there: point ckpt_root / $CHECKPOINTS_DIR at the "
+            "directory that holds the cells' checkpoints, or remove the symlink")
+    return resolved
+
+
+def _step_number(path: Path) -> int:
+    match = _STEP.match(path.name)
+    return int(match[1]) if match else -1
+
+
+def deletable_entries(ckpt_dir: Path) -> list[Path]:
+    """The ``global_step_*`` entries, in step order, then the latest-step pointer."""
+    if not ckpt_dir.is_dir():
+        return []
+    steps = sorted((p for p in ckpt_dir.iterdir() if _STEP.match(p.name)), key=_step_number)
+    pointer = ckpt_dir / LATEST_POINTER
+    return steps + ([pointer] if pointer.is_file() else [])
+
+
+def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
+                 announce: Callable[[str], None] = print) -> list[Path]:
+    """Delete a fresh run's old checkpoints in ``ckpt_dir``; return what was deleted.
+
+    Checks, before anything is deleted: the resume mode (unset or unknown raises, a resume
+    deletes nothing), that the dir resolves inside ``root``, then ``clean``. Entries that
+    are symlinks are unlinked, never followed.
+    """
+    if not is_fresh(resume_mode):
+        return []
+    resolved = inside_root(ckpt_dir, root)
+    entries = deletable_entries(resolved)
+    if not entries:
+        return []
+    names = ", ".join(entry.name for entry in entries)
+    if not clean:
+        announce(f"keeping {len(entries)} checkpoint entries in {resolved} ({names}): "
+                 f"the wipe is switched off (clean_ckpt=False / {CLEAN_ENV}=0)")
+        return []
+    announce(f"WARNING: fresh run: deleting {len(entries)} checkpoint entries in {resolved}: {names}")
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return entries
+
+
+# -- the cell's side --------------------------------------------------------------------------
+
+
+def takes_sweep_ckpt_dir(cell) -> bool:
+    """A target whose argv takes ``{ckpt_dir}`` (the built-in trainer) keeps its checkpoints
+    in the cell dir, which sweepkit itself empties for a fresh run."""
+    return any("{ckpt_dir}" in part for part in cell.target.argv)
+
+
+def checkpoint_root(cell, environ: Mapping[str, str]) -> Path | None:
+    """The checkpoint root of a cell whose target keeps checkpoints outside the cell dir."""
+    if takes_sweep_ckpt_dir(cell):
+        return None
+    root = cell.launch().get("ckpt_root") or environ.get(ROOT_ENV)
+    return Path(os.path.expandvars(str(root))).expanduser() if root else None
+
+
+def cell_ckpt_dir(cell, root: Path) -> Path:
+    """The cell's own checkpoint dir under the root: ``<root>/<grid>/<cell>``."""
+    return Path(root) / cell.grid_name / cell.name
+
+
+def export_dir(cell, environ: Mapping[str, str]) -> Path | None:
+    """Where the final model is exported: ``export_path``, else ``<ckpt dir>/export``."""
+    explicit = cell.launch().get("export_path")
+    if explicit:
+        return Path(os.path.expandvars(str(explicit))).expanduser()
+    root = checkpoint_root(cell, environ)
+    return cell_ckpt_dir(cell, root) / "export" if root else None
+
+
+def resume_mode_of(cell):
+    for key in RESUME_KEYS:
+        if key in cell.config:
+            return cell.config[key]
+    return MISSING
+
+
+def clean_enabled(cell, environ: Mapping[str, str]) -> bool:
+    if environ.get(CLEAN_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return bool(cell.launch().get("clean_ckpt", True))
+
+
+LAUNCH_KEYS = (
+    ("ckpt_root", Optional[str], None,
+     f"root of the cells' checkpoint dirs <root>/<grid>/<cell> (None: ${ROOT_ENV}, else the "
+     "cell dir's ckpt/)"),
+    ("clean_ckpt", bool, True,
+     f"delete a fresh cell's old global_step_* before it starts (also off with {CLEAN_ENV}=0)"),
+    ("export_path", Optional[str], None, "where the final model is exported (None: <ckpt dir>/export)"),
+)
+
+
+@hookimpl
+def sweep_register_keys(register):
+    for name, tp, default, doc in LAUNCH_KEYS:
+        register(name, tp, default, doc)
+
+
+@hookimpl
+def sweep_validate_cell(cell, session):
+    root = checkpoint_root(cell, os.environ)
+    if root is None:
+        return []
+    errors = []
+    try:
+        is_fresh(resume_mode_of(cell))
+    except CheckpointGuardError as error:
+        errors.append(f"{error} (the cell's checkpoints live in {cell_ckpt_dir(cell, root)})")
+    try:
+        inside_root(cell_ckpt_dir(cell, root), root)
+    except CheckpointGuardError as error:
+        errors.append(str(error))
+    return errors
+
+
+@hookimpl
+def sweep_prepare_cell_dir(cell, cell_dir, fresh, session):
+    root = checkpoint_root(cell, os.environ)
+    if root is None:
+        return
+    directory = cell_ckpt_dir(cell, root)
+    # sweepkit's plan decides first: a planned resume never deletes, whatever the cell says.
+    mode = resume_mode_of(cell) if fresh else "latest"
+    guarded_wipe(directory, root, mode, clean=clean_enabled(cell, os.environ),
+                 announce=lambda line: session.console.print(f"{cell.nodeid}: {line}", markup=False))
+    directory.mkdir(parents=True, exist_ok=True)
+
+
+@hookimpl
+def sweep_cell_env(cell, session):
+    root = checkpoint_root(cell, os.environ)
+    if root is None:
+        return {}
+    return {"CKPT_DIR": str(cell_ckpt_dir(cell, root)),
+            "EXPORT_PATH": str(export_dir(cell, os.environ))}

@@ -1,0 +1,274 @@
+"""Which cluster a sweep runs on, and what the cluster plugins share.
+
+A cluster plugin is a module with a ``CLUSTER`` :class:`ClusterProfile`, hook
+implementations for its rules, and a ``job_pieces(cell, environ)`` function that returns
+the :class:`JobPieces` a job script for that cluster is assembled from.
+
+Every cluster plugin is registered, but only the active cluster's stays registered: at
+``sweep_configure`` this plugin unregisters the others, so their rules never fire and
+``sweep plugins`` lists only the active cluster. The active cluster is, in order:
+
+1. ``--cluster NAME`` (``--cluster none``: no cluster, whatever the environment says);
+2. ``$SWEEP_CLUSTER``;
+3. the first cluster whose hostname patterns match this host (fnmatch), e.g. Leonardo's
+   ``login*.leonardo.local`` / ``lrdn*`` or Jupiter's ``jpbo-*``: examples, kept in each
+   plugin's profile; set ``SWEEP_CLUSTER`` where they do not fit.
+
+The launch keys both clusters read (node count and the GPU budget) are registered here,
+once, so a grid that sets them loads whatever cluster is active.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+
+from sweepkit.errors import UsageError
+from sweepkit.hookspec import hookimpl
+from sweepkit.launch import parse_time_limit
+
+CLUSTER_ENV = "SWEEP_CLUSTER"
+NO_CLUSTER = "none"
+OPTION_COMMANDS = ("list", "run", "status", "report", "plugins")
+
+
+def _tuple(value) -> tuple:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class ClusterProfile:
+    """The facts about a cluster that its rules and its job scripts depend on.
+
+    ``max_running``: how many cells may run on the cluster at once (None: no cap);
+    ``max_time_limit``: the longest wall a job gets (longer cells chain with
+    ``max_restarts``); ``default_time_limit``: the wall of a cell that sets none.
+    """
+
+    name: str
+    gpus_per_node: int
+    accelerator: str
+    hostname_patterns: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    max_running: Optional[int] = None
+    max_time_limit: str
+    default_time_limit: str
+    doc: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class JobPieces:
+    """What a job script of one cell is assembled from (the SLURM executor renders it).
+
+    ``preamble``: shell lines run before anything else (module loads);
+    ``env``: variables to export; ``argv_prefix``: the container wrapper the cell's command
+    runs inside (empty: none); ``python``: the interpreter that replaces ``{python}`` in
+    the target's argv (None: keep sweepkit's); ``ray_bringup``: a bash fragment that starts
+    a Ray cluster over the job's nodes (None for a one-node cell).
+    """
+
+    cluster: str
+    nodes: int
+    gpus_per_node: int
+    time_limit: str
+    account: Optional[str] = None
+    partition: Optional[str] = None
+    qos: Optional[str] = None
+    preamble: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    env: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    argv_prefix: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    python: Optional[str] = None
+    ray_bringup: Optional[str] = None
+
+
+# -- selection ------------------------------------------------------------------------
+
+
+@hookimpl
+def sweep_addoption(parser):
+    parser.addoption("--cluster", commands=OPTION_COMMANDS, metavar="NAME", default=None,
+                     help=f"apply a cluster plugin's rules (default: ${CLUSTER_ENV}, else "
+                          f"detected from the hostname; '{NO_CLUSTER}' for no cluster)")
+
+
+def cluster_plugins(pm) -> dict[str, Any]:
+    """The registered cluster plugins by cluster name."""
+    return {profile.name: plugin for plugin in pm.get_plugins()
+            if isinstance(profile := getattr(plugin, "CLUSTER", None), ClusterProfile)}
+
+
+def select_cluster(requested: str | None, profiles: list[ClusterProfile],
+                   environ: Mapping[str, str], hostname: str) -> str | None:
+    """The active cluster's name, or None; UsageError for a name no plugin knows."""
+    names = [profile.name for profile in profiles]
+    for source, value in (("--cluster", requested), (f"${CLUSTER_ENV}", environ.get(CLUSTER_ENV))):
+        if value:
+            if value == NO_CLUSTER:
+                return None
+            if value not in names:
+                known = ", ".join(sorted(names)) or "none are loaded"
+                raise UsageError(f"{source} {value}: no cluster plugin of that name "
+                                 f"(known clusters: {known}; load one with -p MODULE)")
+            return value
+    for profile in profiles:
+        if any(fnmatch.fnmatch(hostname, pattern) for pattern in profile.hostname_patterns):
+            return profile.name
+    return None
+
+
+def _hostname() -> str:
+    return socket.getfqdn()
+
+
+def active_cluster(session) -> str | None:
+    plugins = cluster_plugins(session.pm)
+    return select_cluster(getattr(session.options, "cluster", None),
+                          [plugin.CLUSTER for plugin in plugins.values()], os.environ, _hostname())
+
+
+def active_profile(session) -> ClusterProfile | None:
+    name = active_cluster(session)
+    return cluster_plugins(session.pm)[name].CLUSTER if name else None
+
+
+@hookimpl
+def sweep_configure(session):
+    active = active_cluster(session)
+    for name, plugin in cluster_plugins(session.pm).items():
+        if name != active:
+            session.pm.unregister(plugin)
+
+
+# -- what the SLURM executor asks -------------------------------------------------------
+
+
+def concurrency_cap(session) -> int | None:
+    """How many cells may run at once on the active cluster (None: no cap).
+
+    The SLURM executor holds this many slots under its runs-dir lock; pending jobs and
+    chain links waiting on a dependency do not count.
+    """
+    profile = active_profile(session)
+    return profile.max_running if profile else None
+
+
+def job_pieces(cell, session) -> JobPieces | None:
+    """The active cluster's pieces of ``cell``'s job script (None: no cluster active)."""
+    name = active_cluster(session)
+    if name is None:
+        return None
+    return cluster_plugins(session.pm)[name].job_pieces(cell, os.environ)
+
+
+# -- node count from the GPU budget ---------------------------------------------------------
+
+LAUNCH_KEYS = (
+    ("num_nodes", Optional[int], None,
+     "nodes of the cell's job (None: derived from the GPU budget); a value that disagrees "
+     "with the budget is an error"),
+    ("gpus_per_node", Optional[int], None, "GPUs a node has (None: the cluster's)"),
+    ("policy_num_gpus", Optional[int], None,
+     "GPUs of the policy (FSDP) workers (None: the target's num_gpus, else gpus)"),
+    ("ref_num_gpus", int, 0, "GPUs of a reference/teacher model not colocated with the policy"),
+    ("model_params_b", Optional[float], None,
+     "model size in billions of parameters (None: parsed from the model name, e.g. '32B')"),
+)
+
+
+@hookimpl
+def sweep_register_keys(register):
+    for name, tp, default, doc in LAUNCH_KEYS:
+        register(name, tp, default, doc)
+
+
+def setting(cell, *names: str, default=None):
+    """The first of ``names`` the cell's config sets (flat trainer name or a Hydra path)."""
+    for name in names:
+        if cell.config.get(name) is not None:
+            return cell.config[name]
+    return default
+
+
+def gpu_budget(cell) -> int:
+    """GPUs the cell's layout occupies: policy + reference + inference engines x TP.
+
+    With ``colocate_all`` everything shares the policy's GPUs, so the budget is the
+    largest of the three instead of their sum.
+    """
+    launch = cell.launch()
+    policy = launch.get("policy_num_gpus")
+    if policy is None:
+        policy = setting(cell, "num_gpus", default=launch.get("gpus") or 0)
+    engines = setting(cell, "num_inference_engines", "generator.num_inference_engines", default=0)
+    tp = setting(cell, "inference_tp", "generator.inference_engine_tensor_parallel_size", default=1)
+    ref = launch.get("ref_num_gpus") or 0
+    inference = int(engines) * int(tp)
+    if setting(cell, "colocate_all", "trainer.placement.colocate_all", default=False):
+        return max(int(policy), int(ref), inference)
+    return int(policy) + int(ref) + inference
+
+
+def gpus_per_node(cell, profile: ClusterProfile) -> int:
+    return cell.launch().get("gpus_per_node") or profile.gpus_per_node
+
+
+def derived_nodes(cell, profile: ClusterProfile) -> int:
+    return max(1, math.ceil(gpu_budget(cell) / gpus_per_node(cell, profile)))
+
+
+def cell_nodes(cell, profile: ClusterProfile | None) -> int:
+    """Nodes the cell's job gets: the explicit ``num_nodes``, else derived from the budget."""
+    explicit = cell.launch().get("num_nodes")
+    if explicit is not None:
+        return int(explicit)
+    return derived_nodes(cell, profile) if profile else 1
+
+
+def node_count_errors(cell, profile: ClusterProfile) -> list[str]:
+    explicit = cell.launch().get("num_nodes")
+    if explicit is None:
+        return []
+    budget, per_node = gpu_budget(cell), gpus_per_node(cell, profile)
+    derived = derived_nodes(cell, profile)
+    if explicit == derived:
+        return []
+    return [f"num_nodes={explicit} disagrees with the GPU budget: {budget} GPUs (policy + "
+            f"reference + inference engines x TP) / {per_node} per node on {profile.name} = "
+            f"{derived} node(s); set num_nodes={derived} or leave it unset to derive it "
+            "(a job with too few nodes fails within minutes with no clear error)"]
+
+
+# -- wall time -----------------------------------------------------------------------------
+
+
+def time_limit_errors(cell, cap: str, where: str) -> list[str]:
+    """A cell's wall over the cap: the message gives the chained form that fits."""
+    value = cell.launch().get("time_limit")
+    if value is None:
+        return []
+    try:
+        seconds = parse_time_limit(value)
+    except ValueError:
+        return []  # the core's validation reports the malformed value
+    cap_s = parse_time_limit(cap)
+    if seconds <= cap_s:
+        return []
+    links = math.ceil(seconds / cap_s)
+    restarts = max(links - 1, cell.launch().get("max_restarts") or 0)
+    return [f"time_limit={value!r} exceeds {where}'s wall of {cap}; set time_limit={cap!r} "
+            f"and max_restarts={restarts} so the run continues from its latest checkpoint "
+            f"in {links} chained jobs (a TIMEOUT of a link is normal)"]
+
+
+def job_time_limit(cell, profile: ClusterProfile) -> str:
+    value = cell.launch().get("time_limit")
+    if value is None:
+        return profile.default_time_limit
+    seconds = parse_time_limit(value)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"

@@ -1,0 +1,277 @@
+"""CINECA Leonardo (booster: 4 x A100-64GB a node, no internet on compute nodes).
+
+Rules, each refused before anything is submitted:
+
+- write paths: checkpoints and exports must resolve under ``$WORK``; a path under the
+  quota'd ``$SCRATCH_FAST`` fails mid-run with ``OSError: [Errno 122] Disk quota
+  exceeded`` (it took down twelve cells on 2026-06-19);
+- QOS: the debug QOS (``$SWEEP_DEBUG_QOS``, e.g. ``boost_qos_dbg``) allows 30 minutes and
+  2 nodes; every other QOS 23:59:00, past which a cell chains with ``max_restarts``;
+- A100-64GB ceilings on one node: ``gpu_memory_utilization`` above 0.85 OOMs eval, and a
+  dense model of 32B or more (a MoE of 30B or more) OOMs in backward / weight sync; both
+  are accepted only on a cell marked ``xfail`` (a ceiling probe);
+- ``num_nodes`` must agree with the GPU budget (:mod:`sweepkit_plugins.clusters`).
+
+The cell's environment is offline (models and data pre-staged on the login node) with
+HOME, caches and the Triton compiler pointed at writable places. Everything
+person-specific comes from the environment; the values in the docs are examples:
+
+=========================  ===============================================================
+``WORK``                   the project's work dir, e.g. ``/leonardo_work/<ACCOUNT>/<user>``
+``SCRATCH_FAST``           the fast scratch, e.g. ``/leonardo_scratch/fast/<ACCOUNT>/<user>``
+``SWEEP_ACCOUNT``          SLURM account, e.g. ``AIFAC_5C0_290``
+``SWEEP_PARTITION``        SLURM partition (default ``boost_usr_prod``)
+``SWEEP_CONTAINER``        writable singularity sandbox dir (launch key ``container``)
+``SWEEP_VENV``             uv venv whose python runs the cell (launch key ``venv``)
+``SWEEP_CONTAINER_BINDS``  comma-separated bind paths (default: ``$WORK`` and ``$SCRATCH_FAST``)
+``SWEEP_CONTAINER_PWD``    working dir inside the container (default: the cell dir)
+``SWEEP_GCC_BIN``          dir with ``gcc`` / ``g++`` for Triton's JIT
+``SWEEP_HOME``             writable HOME for the cell (default ``$WORK/.sweep_home``)
+=========================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+from sweepkit.hookspec import hookimpl
+from sweepkit_plugins import ckpt_guard, clusters, ray_cluster
+
+CLUSTER = clusters.ClusterProfile(
+    name="leonardo",
+    gpus_per_node=4,
+    accelerator="A100-64GB",
+    hostname_patterns=("login*.leonardo.local", "lrdn*"),
+    max_running=None,
+    max_time_limit="23:59:00",
+    default_time_limit="23:59:00",
+    doc="CINECA Leonardo booster: 4 x A100-64GB a node, no compute-node internet",
+)
+
+DEFAULT_PARTITION = "boost_usr_prod"
+DEFAULT_DEBUG_QOS = "boost_qos_dbg"
+MAX_GPU_MEMORY_UTILIZATION = 0.85
+DENSE_CEILING_B = 32.0
+MOE_CEILING_B = 30.0
+
+
+@attrs.frozen(kw_only=True)
+class QosLimit:
+    name: str
+    max_time: str
+    max_nodes: Optional[int] = None
+
+
+def qos_limit(qos: str | None, environ: Mapping[str, str]) -> QosLimit:
+    debug = environ.get("SWEEP_DEBUG_QOS", DEFAULT_DEBUG_QOS)
+    if qos == debug:
+        return QosLimit(name=debug, max_time="00:30:00", max_nodes=2)
+    return QosLimit(name=qos or "normal", max_time=CLUSTER.max_time_limit)
+
+
+# -- model size -------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
+_ACTIVE = re.compile(r"-A\d+(?:\.\d+)?B\b", re.IGNORECASE)
+
+
+def model_size_b(cell) -> float | None:
+    """Billions of parameters: ``model_params_b``, else the first ``<N>B`` of the model name."""
+    explicit = cell.launch().get("model_params_b")
+    if explicit is not None:
+        return float(explicit)
+    name = str(clusters.setting(cell, "model", "trainer.policy.model.path", default="") or "")
+    match = _SIZE.search(name.rsplit("/", 1)[-1])
+    return float(match[1]) if match else None
+
+
+def is_moe(cell) -> bool:
+    name = str(clusters.setting(cell, "model", "trainer.policy.model.path", default="") or "")
+    return bool(cell.launch().get("num_experts")) or bool(_ACTIVE.search(name)) or "x7b" in name.lower()
+
+
+# -- rules ----------------------------------------------------------------------------------
+
+
+def _under(path: Path, root: Path) -> bool:
+    return Path(path).resolve().is_relative_to(Path(root).resolve())
+
+
+def write_paths(cell, session, environ: Mapping[str, str]) -> dict[str, Path]:
+    """The checkpoint and export paths the cell's process writes to."""
+    root = ckpt_guard.checkpoint_root(cell, environ)
+    ckpt = (ckpt_guard.cell_ckpt_dir(cell, root) if root
+            else Path(session.runs_dir) / cell.grid_name / cell.name / "ckpt")
+    paths = {"checkpoint": ckpt}
+    export = ckpt_guard.export_dir(cell, environ)
+    paths["export"] = export if export is not None else ckpt / "export"
+    return paths
+
+
+def write_path_errors(cell, session, environ: Mapping[str, str]) -> list[str]:
+    work, scratch = environ.get("WORK"), environ.get("SCRATCH_FAST")
+    if not work:
+        return ["WORK is not set: Leonardo's checkpoints must live on $WORK; "
+                "export WORK=/leonardo_work/<ACCOUNT>/<user> before running"]
+    errors = []
+    for what, path in write_paths(cell, session, environ).items():
+        if scratch and _under(path, scratch):
+            errors.append(f"{what} path {path} is on $SCRATCH_FAST ({scratch}), whose quota fills "
+                          "mid-run (OSError [Errno 122] Disk quota exceeded, 2026-06-19); put it under "
+                          f"$WORK ({work}): set ckpt_root / export_path / --runs-dir there")
+        elif not _under(path, work):
+            errors.append(f"{what} path {path} is not under $WORK ({work}); set ckpt_root / "
+                          "export_path / --runs-dir to a directory under $WORK")
+    return errors
+
+
+def qos_errors(cell, environ: Mapping[str, str]) -> list[str]:
+    limit = qos_limit(cell.launch().get("qos"), environ)
+    errors = clusters.time_limit_errors(cell, limit.max_time, f"QOS {limit.name}")
+    nodes = clusters.cell_nodes(cell, CLUSTER)
+    if limit.max_nodes is not None and nodes > limit.max_nodes:
+        errors.append(f"QOS {limit.name} allows at most {limit.max_nodes} nodes, the cell needs "
+                      f"{nodes}; use qos=None (the normal QOS) for it")
+    return errors
+
+
+def ceiling_errors(cell) -> list[str]:
+    if cell.xfail is not None:
+        return []  # a ceiling probe: its failure is the expected result
+    errors = []
+    gmu = clusters.setting(cell, "gpu_memory_utilization", "generator.gpu_memory_utilization")
+    if gmu is not None and float(gmu) > MAX_GPU_MEMORY_UTILIZATION:
+        errors.append(f"gpu_memory_utilization={gmu} is over the A100-64GB ceiling of "
+                      f"{MAX_GPU_MEMORY_UTILIZATION} (0.90 OOMs eval); lower it, or mark the cell "
+                      "sk.mark.xfail(reason=...) to keep it as a ceiling probe")
+    size = model_size_b(cell)
+    if size is not None and clusters.cell_nodes(cell, CLUSTER) == 1:
+        moe = is_moe(cell)
+        ceiling = MOE_CEILING_B if moe else DENSE_CEILING_B
+        if size >= ceiling:
+            kind = "MoE" if moe else "dense"
+            errors.append(f"a {size:g}B {kind} model OOMs on one 4 x A100-64GB node (FSDP backward / "
+                          "weight-sync broadcast); give it more nodes (policy_num_gpus / num_nodes), "
+                          "or mark the cell sk.mark.xfail(reason=...) as a ceiling probe")
+    return errors
+
+
+@hookimpl
+def sweep_validate_cell(cell, session):
+    environ = os.environ
+    return (write_path_errors(cell, session, environ) + qos_errors(cell, environ)
+            + ceiling_errors(cell) + clusters.node_count_errors(cell, CLUSTER))
+
+
+# -- the cell's environment and job script ---------------------------------------------------
+
+
+def cell_home(environ: Mapping[str, str]) -> str:
+    return environ.get("SWEEP_HOME") or f"{environ.get('WORK', '')}/.sweep_home"
+
+
+def offline_env(environ: Mapping[str, str], *, in_container: bool) -> dict[str, str]:
+    """No internet on compute nodes: everything offline, every write somewhere writable."""
+    work = environ.get("WORK", "")
+    home = cell_home(environ)
+    hub = environ.get("SWEEP_HF_HOME") or f"{work}/data/hub"
+    env = {
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
+        "HF_HOME": hub, "HF_HUB_CACHE": hub,
+        # HOME is read-only inside the container (--no-home); trainers default caches there.
+        "HOME": home, "XDG_CACHE_HOME": f"{home}/.cache", "XDG_CONFIG_HOME": f"{home}/.config",
+        "RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    }
+    gcc = environ.get("SWEEP_GCC_BIN")
+    if gcc:
+        # The container image has no compiler; Triton JIT-compiles kernels at first use.
+        env.update(CC=f"{gcc}/gcc", CXX=f"{gcc}/g++")
+        if in_container:  # singularity resets PATH inside; these prepend to it there
+            env.update(SINGULARITYENV_PREPEND_PATH=gcc, APPTAINERENV_PREPEND_PATH=gcc)
+        else:
+            env["PATH"] = f"{gcc}{os.pathsep}{environ.get('PATH', '')}"
+    return env
+
+
+@attrs.frozen(kw_only=True)
+class Container:
+    """``singularity exec`` of a writable sandbox dir, with a uv venv's python."""
+
+    sandbox: str
+    venv: Optional[str] = None
+    binds: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    pwd: Optional[str] = None
+    binary: str = "singularity"
+
+    def argv_prefix(self) -> list[str]:
+        argv = [self.binary, "exec", "--nv", "--no-home"]
+        if self.binds:
+            argv += ["--bind", ",".join(self.binds)]
+        if self.pwd:
+            argv += ["--pwd", self.pwd]
+        return argv + [self.sandbox]
+
+    def venv_bin(self, name: str) -> str:
+        return f"{self.venv}/bin/{name}" if self.venv else name
+
+
+def container_of(cell, environ: Mapping[str, str], cell_dir: str | None = None) -> Container | None:
+    launch = cell.launch()
+    sandbox = launch.get("container") or environ.get("SWEEP_CONTAINER")
+    if not sandbox:
+        return None
+    binds = environ.get("SWEEP_CONTAINER_BINDS")
+    bind_list = [b for b in binds.split(",") if b] if binds else [
+        environ[name] for name in ("WORK", "SCRATCH_FAST") if environ.get(name)]
+    return Container(sandbox=sandbox, venv=launch.get("venv") or environ.get("SWEEP_VENV"),
+                     binds=bind_list, pwd=environ.get("SWEEP_CONTAINER_PWD") or cell_dir,
+                     binary=environ.get("SWEEP_SINGULARITY", "singularity"))
+
+
+def job_pieces(cell, environ: Mapping[str, str]) -> clusters.JobPieces:
+    container = container_of(cell, environ)
+    nodes = clusters.cell_nodes(cell, CLUSTER)
+    per_node = clusters.gpus_per_node(cell, CLUSTER)
+    launch = cell.launch()
+    bringup = None
+    if nodes > 1:
+        prefix = container.argv_prefix() if container else ()
+        spec = ray_cluster.bringup_for(
+            cell, environ, prefix=prefix, num_gpus=per_node,
+            ray=container.venv_bin("ray") if container else "ray",
+            python=container.venv_bin("python") if container else "python")
+        bringup = ray_cluster.render_bringup(spec)
+    time_limit = clusters.job_time_limit(cell, CLUSTER)
+    return clusters.JobPieces(
+        cluster=CLUSTER.name, nodes=nodes, gpus_per_node=per_node, time_limit=time_limit,
+        account=launch.get("account") or environ.get("SWEEP_ACCOUNT"),
+        partition=launch.get("partition") or environ.get("SWEEP_PARTITION", DEFAULT_PARTITION),
+        qos=launch.get("qos"),
+        env=offline_env(environ, in_container=container is not None),
+        argv_prefix=container.argv_prefix() if container else (),
+        python=container.venv_bin("python") if container and container.venv else None,
+        ray_bringup=bringup,
+    )
+
+
+LAUNCH_KEYS = (
+    ("container", Optional[str], None, "singularity sandbox dir the cell runs in (None: $SWEEP_CONTAINER)"),
+    ("venv", Optional[str], None, "uv venv whose bin/python runs the cell (None: $SWEEP_VENV)"),
+)
+
+
+@hookimpl
+def sweep_register_keys(register):
+    for name, tp, default, doc in LAUNCH_KEYS:
+        register(name, tp, default, doc)
+
+
+@hookimpl
+def sweep_cell_env(cell, session):
+    return offline_env(os.environ, in_container=container_of(cell, os.environ) is not None)

@@ -1,0 +1,176 @@
+"""The guarded checkpoint wipe, on real directories, and through a real ``sweep run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweepkit_plugins.ckpt_guard import MISSING, CheckpointGuardError, guarded_wipe
+
+PLUGINS = ("-p", "sweepkit_plugins.ckpt_guard")
+
+
+def make_steps(directory: Path, *steps: int) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    made = []
+    for step in steps:
+        step_dir = directory / f"global_step_{step}"
+        (step_dir / "policy").mkdir(parents=True)
+        (step_dir / "policy" / "model.pt").write_text("weights")
+        made.append(step_dir)
+    return made
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    path = tmp_path / "ckpts"
+    path.mkdir()
+    return path
+
+
+def test_fresh_run_deletes_exactly_its_steps_after_listing_them(root):
+    cell = root / "grid" / "cell"
+    steps = make_steps(cell, 100, 20, 3)
+    (cell / "latest_ckpt_global_step.txt").write_text("100")
+    (cell / "export").mkdir()
+    (cell / "notes.txt").write_text("keep")
+    said = []
+
+    def announce(line):
+        said.append((line, sorted(p.name for p in cell.iterdir())))
+
+    deleted = guarded_wipe(cell, root, None, announce=announce)
+    assert [p.name for p in deleted] == ["global_step_3", "global_step_20", "global_step_100",
+                                         "latest_ckpt_global_step.txt"]
+    line, present_when_announced = said[0]
+    assert "global_step_3, global_step_20, global_step_100" in line
+    assert all(step.name in present_when_announced for step in steps)  # listed before deleting
+    assert sorted(p.name for p in cell.iterdir()) == ["export", "notes.txt"]
+
+
+def test_null_string_is_fresh_too(root):
+    cell = root / "cell"
+    make_steps(cell, 1)
+    assert [p.name for p in guarded_wipe(cell, root, "null", announce=lambda line: None)] == ["global_step_1"]
+
+
+@pytest.mark.parametrize("mode", ["latest", "from_path"])
+def test_resume_deletes_nothing(root, mode):
+    cell = root / "cell"
+    steps = make_steps(cell, 50)
+    assert guarded_wipe(cell, root, mode, announce=pytest.fail) == []
+    assert all(step.is_dir() for step in steps)
+
+
+def test_missing_resume_mode_is_an_error_before_any_deletion(root):
+    cell = root / "cell"
+    steps = make_steps(cell, 50)
+    with pytest.raises(CheckpointGuardError, match="resume mode is unset"):
+        guarded_wipe(cell, root, MISSING, announce=pytest.fail)
+    assert steps[0].is_dir()
+
+
+def test_unknown_resume_mode_is_an_error_before_any_deletion(root):
+    cell = root / "cell"
+    steps = make_steps(cell, 50)
+    with pytest.raises(CheckpointGuardError, match="'lastest' is not a resume mode"):
+        guarded_wipe(cell, root, "lastest", announce=pytest.fail)
+    assert steps[0].is_dir()
+
+
+def test_symlink_out_of_the_root_is_refused(root, tmp_path):
+    elsewhere = tmp_path / "precious"
+    steps = make_steps(elsewhere, 7)
+    (root / "grid").mkdir()
+    (root / "grid" / "cell").symlink_to(elsewhere)
+    with pytest.raises(CheckpointGuardError, match="not inside the checkpoint root"):
+        guarded_wipe(root / "grid" / "cell", root, None, announce=pytest.fail)
+    assert steps[0].is_dir()
+
+
+def test_the_root_itself_is_refused(root):
+    steps = make_steps(root, 1)
+    with pytest.raises(CheckpointGuardError, match="not inside"):
+        guarded_wipe(root, root, None, announce=pytest.fail)
+    assert steps[0].is_dir()
+
+
+def test_a_step_that_is_a_symlink_is_unlinked_not_followed(root, tmp_path):
+    cell = root / "cell"
+    cell.mkdir()
+    outside = make_steps(tmp_path / "other", 9)[0]
+    (cell / "global_step_9").symlink_to(outside)
+    guarded_wipe(cell, root, None, announce=lambda line: None)
+    assert not (cell / "global_step_9").exists() and (outside / "policy" / "model.pt").is_file()
+
+
+def test_opt_out_keeps_everything(root):
+    cell = root / "cell"
+    steps = make_steps(cell, 5)
+    said = []
+    assert guarded_wipe(cell, root, None, clean=False, announce=said.append) == []
+    assert steps[0].is_dir() and "switched off" in said[0]
+
+
+# -- through sweep ------------------------------------------------------------------------------
+
+GRID = '''
+import sweepkit as sk
+target = sk.command("{python}", "-c", "import os; print('CKPT_DIR=' + os.environ['CKPT_DIR'])")
+base = sk.base(lr=1.0, resume_mode=None)
+resumed = sk.cell(resume_mode="latest")
+'''
+
+
+def test_sweep_run_wipes_a_fresh_cell_and_keeps_a_resuming_one(sweeper):
+    sweeper.grid("g", GRID)
+    root = sweeper.path / "ckpts"
+    fresh_steps = make_steps(root / "g" / "base", 10, 20)
+    resumed_steps = make_steps(root / "g" / "resumed", 30)
+    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    assert result.ret == 0, result
+    assert "deleting 2 checkpoint entries" in result.output and "global_step_10, global_step_20" in result.output
+    assert not any(step.exists() for step in fresh_steps)
+    assert resumed_steps[0].is_dir()
+    log = (sweeper.path / "runs" / "g" / "base" / "stdout.log").read_text()
+    assert f"CKPT_DIR={root / 'g' / 'base'}" in log
+
+
+def test_sweep_run_opt_out_by_env(sweeper):
+    sweeper.grid("g", GRID)
+    root = sweeper.path / "ckpts"
+    steps = make_steps(root / "g" / "base", 10)
+    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", "grids/g.py::base",
+                         env={"CHECKPOINTS_DIR": str(root), "CLEAN_CKPT": "0"})
+    assert result.ret == 0, result
+    assert steps[0].is_dir()
+
+
+def test_validation_refuses_unset_and_unknown_modes_before_anything_runs(sweeper, tmp_path):
+    sweeper.grid("g", '''
+        import sweepkit as sk
+        target = sk.command("{python}", "-c", "pass")
+        base = sk.base(lr=1.0)
+        typo = sk.cell(resume_mode="lastest")
+    ''')
+    root = sweeper.path / "ckpts"
+    steps = make_steps(root / "g" / "base", 10) + make_steps(root / "g" / "typo", 10)
+    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    assert result.ret != 0
+    assert "base: resume mode is unset" in result.output
+    assert "typo: resume_mode='lastest' is not a resume mode" in result.output
+    assert all(step.is_dir() for step in steps)
+    assert not (sweeper.path / "runs").exists() or not any((sweeper.path / "runs").rglob("stdout.log"))
+
+
+def test_validation_refuses_a_cell_dir_symlinked_out_of_the_root(sweeper, tmp_path):
+    sweeper.grid("g", GRID)
+    root = sweeper.path / "ckpts"
+    (root / "g").mkdir(parents=True)
+    elsewhere = make_steps(tmp_path / "elsewhere", 3)[0].parent
+    (root / "g" / "base").symlink_to(elsewhere)
+    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    assert result.ret != 0
+    assert "is not inside the checkpoint root" in result.output
+    assert (elsewhere / "global_step_3").is_dir()

@@ -1,0 +1,119 @@
+"""Jupiter's rules through the real ``sweep`` command; Hydra overrides; cluster selection."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from conftest import Sweeper
+from sweepkit_plugins import clusters, jupiter, leonardo
+from test_leonardo import PLUGINS, errors_of
+
+
+SKYRL = 'target = sk.command("{python}", "-m", "skyrl_train.entrypoints.main_base")'
+
+RULES_GRID = f'''
+import sweepkit as sk
+{SKYRL}
+# Qwen3-Coder-30B-A3B: EP=4 x FSDP=4 = 16 policy GPUs + 4 engines x TP2 = 24 GPUs, 6 nodes.
+base = sk.base(model="Qwen/Qwen3-Coder-30B-A3B-Instruct", policy_num_gpus=16,
+               num_inference_engines=4, inference_tp=2, num_experts=128, ep_size=4, fsdp_size=4,
+               num_nodes=6, time_limit="11:59:00", max_restarts=5, resume_mode=None)
+one_node = sk.cell(num_nodes=1)
+long_wall = sk.cell(time_limit="24:00:00", max_restarts=0)
+moe_bad = sk.cell(fsdp_size=3)
+dp_loopback = sk.cell(vllm_dp_size=2, dp_master_address="127.0.0.1")
+dp_real = sk.cell(vllm_dp_size=2, dp_master_address="10.1.2.3")
+bare_key = sk.cell(enable_db_registration=False)
+bare_override = sk.cell(hydra_overrides=["enable_db_registration=false"])
+dotted = sk.cell(**{{"trainer.enable_db_registration": False, "generator.sampling_params.temperature": 1.0}},
+                 hydra_overrides=["++generator.engine_init_kwargs.max_model_len=65536"])
+'''
+
+
+@pytest.fixture(scope="module")
+def rules_run(tmp_path_factory):
+    project = tmp_path_factory.mktemp("jupiter") / "project"
+    project.mkdir()
+    sweeper = Sweeper(project)
+    sweeper.grid("rules", RULES_GRID)
+    return sweeper.run(*PLUGINS, "run", "--dry-run", "--executor", "debug", "--cluster", "jupiter")
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ("one_node", "num_nodes=1 disagrees with the GPU budget: 24 GPUs"),
+    ("long_wall", "set time_limit='11:59:00' and max_restarts=2"),
+    ("moe_bad", "fsdp_size=3 does not divide num_experts // ep_size = 128 // 4 = 32"),
+    ("dp_loopback", "dp_master_address='127.0.0.1' is loopback"),
+    ("bare_key", "'enable_db_registration' is a bare top-level key"),
+    ("bare_override", "'enable_db_registration=false' is not a struct-safe override"),
+])
+def test_each_rule_refuses_its_cell(rules_run, cell, expected):
+    assert "nothing was run" in rules_run.output, rules_run
+    assert any(expected in line for line in errors_of(rules_run, cell)), rules_run
+
+
+@pytest.mark.parametrize("cell", ["base", "dp_real", "dotted"])
+def test_cells_within_the_rules_pass(rules_run, cell):
+    assert "nothing was run" in rules_run.output
+    assert errors_of(rules_run, cell) == [], rules_run
+
+
+def _cells(sweeper: Sweeper):
+    """The collected cells of the grid, through the real collection and plugins."""
+    from sweepkit.cli import start_session
+    from sweepkit.collect import collect
+
+    session = start_session([*PLUGINS, "list", "--cluster", "jupiter", "--rootdir", str(sweeper.path),
+                             str(sweeper.path / "grids")])
+    session.configure()
+    return session, {cell.name: cell for cell in collect(session, [str(sweeper.path / "grids")]).cells}
+
+
+def test_hydra_overrides_come_from_the_diff(sweeper, monkeypatch):
+    sweeper.grid("rules", RULES_GRID)
+    monkeypatch.setenv("CHECKPOINTS_DIR", str(sweeper.path / "ckpts"))
+    session, cells = _cells(sweeper)
+    assert jupiter.hydra_overrides(cells["dotted"]) == [
+        "++trainer.enable_db_registration=false",
+        "++generator.sampling_params.temperature=1.0",
+        f"++trainer.ckpt_path={sweeper.path / 'ckpts' / 'rules' / 'dotted'}",
+        f"++trainer.export_path={sweeper.path / 'ckpts' / 'rules' / 'dotted' / 'export'}",
+        "++trainer.resume_mode=null",
+        "++generator.engine_init_kwargs.max_model_len=65536",
+    ]
+    # Launch keys (num_nodes, fsdp_size, ...) never become overrides; a chain link resumes.
+    base = jupiter.hydra_overrides(cells["base"], resume=True)
+    assert base[-1] == "++trainer.resume_mode=latest" and len(base) == 3
+    pieces = clusters.job_pieces(cells["base"], session)
+    assert (pieces.cluster, pieces.nodes, pieces.time_limit) == ("jupiter", 6, "11:59:00")
+    assert "sweep_node_0" in pieces.ray_bringup
+    assert clusters.concurrency_cap(session) == 6
+
+
+@pytest.mark.parametrize("value, text", [
+    (None, "null"), (True, "true"), (3e-5, "3e-05"), ("a b", "'a b'"), (["x", 1], "[x,1]"),
+    ("it's", "'it\\'s'"), ("null", "'null'"),
+])
+def test_hydra_values(value, text):
+    assert jupiter.hydra_value(value) == text
+
+
+def test_only_the_selected_cluster_is_active(sweeper):
+    shown = sweeper.run(*PLUGINS, "plugins", "--cluster", "jupiter")
+    assert shown.ret == 0, shown
+    assert "sweepkit_plugins.jupiter" in shown.stdout and "sweepkit_plugins.leonardo" not in shown.stdout
+    by_env = sweeper.run(*PLUGINS, "plugins", env={"SWEEP_CLUSTER": "leonardo"})
+    assert "sweepkit_plugins.leonardo" in by_env.stdout and "sweepkit_plugins.jupiter" not in by_env.stdout
+    none = sweeper.run(*PLUGINS, "plugins", "--cluster", "none", env={"SWEEP_CLUSTER": "leonardo"})
+    assert "sweepkit_plugins.leonardo" not in none.stdout and "sweepkit_plugins.jupiter" not in none.stdout
+    unknown = sweeper.run(*PLUGINS, "plugins", "--cluster", "perlmutter")
+    assert unknown.ret != 0 and "known clusters: jupiter, leonardo" in unknown.output
+
+
+def test_hostname_detection():
+    profiles = [jupiter.CLUSTER, leonardo.CLUSTER]
+    assert clusters.select_cluster(None, profiles, {}, "lrdn0421.leonardo.local") == "leonardo"
+    assert clusters.select_cluster(None, profiles, {}, "jpbo-012-07") == "jupiter"
+    assert clusters.select_cluster(None, profiles, {}, "laptop") is None
+    assert clusters.select_cluster(None, profiles, {"SWEEP_CLUSTER": "jupiter"}, "lrdn0001") == "jupiter"
