@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainer.metrics import EVAL_KEYS, TRAIN_KEYS
 
@@ -36,7 +37,10 @@ RESUMABLE = {
     "train_batch_size": 4, "policy_mini_batch_size": 2, "n_samples_per_prompt": 4,
     "micro_train_batch_size_per_gpu": 3, "micro_forward_batch_size_per_gpu": 5,
     "max_generate_length": 6, "lr": 3e-3, "epochs": 100, "max_steps": 8, "ckpt_interval": 2,
-    "eval_before_train": False, "export_final": False, "use_kl_loss": True,
+    "eval_before_train": False, "export_final": False, "num_warmup_steps": 4,
+    # Every optional loss term on, so resuming is checked with all of them.
+    "use_kl_loss": True, "use_tis": True, "use_entropy_loss": True, "grpo_norm_by_std": False,
+    "loss_reduction": "seq_mean_token_sum_norm",
 }
 
 
@@ -134,6 +138,11 @@ def test_final_checkpoint_and_export(learning_run):
 def test_killed_run_resumes_exactly(tmp_path):
     reference = tmp_path / "uninterrupted"
     assert run_trainer(reference, RESUMABLE).returncode == 0
+    expected = read_metrics(reference / "metrics.jsonl", "train")
+    # The HF engine samples with the trained model itself: pi_old is mu, every TIS weight is 1.
+    assert {r["policy/tis_weight"] for r in expected} == {1.0}
+    # Two optimizer steps per step (mini-batches of 2 of 4 prompts) through a 4-update warm-up.
+    assert [r["policy/lr"] for r in expected[:3]] == pytest.approx([3e-3 * 2 / 4, 3e-3, 3e-3])
 
     # The same run, told to go on for ever, is killed once two checkpoints have landed; a
     # half-written checkpoint is planted as a kill during a write would leave it. Its first
@@ -161,7 +170,6 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert "resuming from" in result.stderr
     assert not half_written.exists()
 
-    expected = read_metrics(reference / "metrics.jsonl", "train")
     resumed = read_metrics(killed / "metrics.jsonl", "train")
     assert [r["step"] for r in resumed] == list(range(1, 9))
     infos = read_metrics(killed / "metrics.jsonl", "info")
@@ -183,3 +191,49 @@ def test_fresh_run_refuses_existing_checkpoints(tmp_path):
     assert "resume_mode" in result.stderr and "global_step_3" in result.stderr
     assert (old / "model.safetensors").read_bytes() == b"precious"
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def rollout_for(model, tokenizer, cfg):
+    from trainer.loop import Rollout, score
+    from trainer.rollout.hf import HFEngine
+    from trainer.losses import group_advantages
+
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("1 2 3 4", "0 0", "4 3 2")]
+    completions = HFEngine(model, tokenizer, device="cpu").generate(
+        prompts, n=cfg.n_samples_per_prompt, max_new_tokens=cfg.max_generate_length, temperature=1.0,
+        top_p=1.0, seed=5)
+    batch = Rollout.build([p for p in prompts for _ in range(cfg.n_samples_per_prompt)], completions,
+                          tokenizer.pad_token_id, "cpu")
+    rewards = torch.arange(len(completions), dtype=torch.float32) % 3
+    batch.advantages = group_advantages(rewards, cfg.n_samples_per_prompt)
+    batch.old_logprobs, _ = score(model, batch, cfg)
+    batch.ref_logprobs = batch.old_logprobs - 0.1
+    batch.rollout_logprobs = batch.old_logprobs
+    return batch
+
+
+@pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_gradient_accumulation_equals_one_big_micro_batch(reduction):
+    from trainer.config import TrainerConfig
+    from trainer.loop import update_policy
+    from trainer.models import load_model_and_tokenizer
+
+    torch.set_num_threads(1)
+    base = dict(train_batch_size=3, policy_mini_batch_size=3, n_samples_per_prompt=4, max_generate_length=6,
+                loss_reduction=reduction, use_kl_loss=True, use_entropy_loss=True)
+    weights = []
+    for micro in (12, 1, 5):
+        cfg = TrainerConfig(**base, micro_train_batch_size_per_gpu=micro)
+        model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
+        batch = rollout_for(model, tokenizer, cfg)
+        # Plain SGD keeps the update linear in the gradient; Adam's g/|g| would amplify rounding noise.
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
+        stats = update_policy(model, optimizer, scheduler, batch, cfg)
+        weights.append(([p.detach().clone() for p in model.parameters()], stats))
+    (whole, whole_stats), *accumulated = weights
+    for parts, stats in accumulated:
+        assert stats["policy/loss"] == pytest.approx(whole_stats["policy/loss"], rel=1e-5, abs=1e-7)
+        assert stats["policy/grad_norm"] == pytest.approx(whole_stats["policy/grad_norm"], rel=1e-4)
+        for a, b in zip(whole, parts):
+            assert torch.allclose(a, b, atol=1e-6)

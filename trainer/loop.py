@@ -324,6 +324,7 @@ def update_policy(model, optimizer, scheduler, batch: Rollout, cfg) -> dict:
     samples = batch.response_ids.shape[0]
     mini_size = cfg.policy_mini_batch_size * cfg.n_samples_per_prompt
     micro_size = cfg.micro_train_batch_size_per_gpu
+    # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
     sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0}
     tokens_seen = 0.0
     mini_batches = 0
@@ -346,32 +347,33 @@ def update_policy(model, optimizer, scheduler, batch: Rollout, cfg) -> dict:
             if cfg.use_kl_loss:
                 ref_kl = kl_penalty(logprobs, micro.ref_logprobs, estimator=cfg.kl_estimator_type)  # (b, R)
                 loss = loss + cfg.kl_loss_coef * aggregate(ref_kl, mask, cfg.loss_reduction, **totals)
-                sums["ref_kl"] += float((ref_kl.detach() * mask).sum())
+                sums["ref_kl"] += (ref_kl.detach() * mask).sum()
             if cfg.use_entropy_loss:
                 entropy = entropy_from_logits(logits)  # (b, R), with grad
                 loss = loss - cfg.entropy_loss_coef * aggregate(entropy, mask, cfg.loss_reduction, **totals)
             loss.backward()
-            mini_loss += float(loss.detach())
+            mini_loss += loss.detach()
             drift = kl_penalty(logprobs.detach(), micro.old_logprobs, estimator="k3")
-            micro_tokens = float(mask.sum())
-            tokens_seen += micro_tokens
-            sums["kl"] += float((drift * mask).sum())
-            sums["clip_frac"] += float((stats["clip_frac"] * mask).sum())
+            tokens_seen += mask.sum()
+            sums["kl"] += (drift * mask).sum()
+            sums["clip_frac"] += (stats["clip_frac"] * mask).sum()
             if "tis_weight" in stats:
-                sums["tis_weight"] += float((stats["tis_weight"] * mask).sum())
+                sums["tis_weight"] += (stats["tis_weight"] * mask).sum()
             del logits, logprobs, per_token, loss
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler then moves on)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         sums["loss"] += mini_loss
-        sums["grad_norm"] += float(grad_norm)
+        sums["grad_norm"] += grad_norm.detach()
         mini_batches += 1
-    per_token = max(tokens_seen, 1.0)
+    sums = {key: float(total) for key, total in sums.items()}  # one device sync for the whole step
+    per_token = max(float(tokens_seen), 1.0)
     metrics = {
         "policy/loss": sums["loss"] / mini_batches,
         "policy/grad_norm": sums["grad_norm"] / mini_batches,
-        "policy/lr": scheduler.get_last_lr()[0],
+        "policy/lr": lr,
         "policy/clip_frac": sums["clip_frac"] / per_token,
         "policy/kl": sums["kl"] / per_token,
         "policy/optimizer_steps": mini_batches,
