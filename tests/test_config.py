@@ -101,3 +101,8 @@ def test_grpo_needs_a_group():
     with pytest.raises(ConfigError, match="n_samples_per_prompt: GRPO needs at least 2"):
         TrainerConfig.from_dict({"n_samples_per_prompt": 1})
     assert TrainerConfig.from_dict({"n_samples_per_prompt": 1, "advantage_estimator": "no_op"})
+
+
+def test_to_dict_round_trips():
+    cfg = TrainerConfig.from_dict({"lr": 3e-6, "adam_betas": [0.9, 0.95]})
+    assert TrainerConfig.from_dict(cfg.to_dict()) == cfg

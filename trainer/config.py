@@ -230,7 +230,7 @@ class TrainerConfig:
         return cls.from_dict(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self, retain_collection_types=False)
+        return attrs.asdict(self)
 
 
 def parse_value(text: str) -> Any:
