@@ -8,7 +8,8 @@ import pytest
 
 from sweepkit_plugins.ckpt_guard import MISSING, CheckpointGuardError, guarded_wipe
 
-PLUGINS = ("-p", "sweepkit_plugins.ckpt_guard")
+# ckpt_guard loads through the `sweepkit` entry-point group, as for a user.
+PLUGINS = ()
 
 
 def make_steps(directory: Path, *steps: int) -> list[Path]:

@@ -11,9 +11,8 @@ import pytest
 from conftest import Sweeper
 from sweepkit_plugins import clusters, leonardo, ray_cluster
 
-PLUGINS = ("-p", "sweepkit_plugins.clusters", "-p", "sweepkit_plugins.leonardo",
-           "-p", "sweepkit_plugins.jupiter", "-p", "sweepkit_plugins.ckpt_guard",
-           "-p", "sweepkit_plugins.ray_cluster")
+# The cluster plugins load through the `sweepkit` entry-point group, as for a user.
+PLUGINS = ()
 
 # One cell per refusal; the run reports every cell's errors at once.
 RULES_GRID = '''
