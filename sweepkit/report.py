@@ -35,7 +35,7 @@ import polars as pl
 from rich.table import Table
 from rich.text import Text
 
-from sweepkit import metrics
+from sweepkit import failures, metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
 from sweepkit.progress import print_wide, status_text
@@ -153,13 +153,14 @@ def _diff_text(record) -> str:
 def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl.DataFrame]:
     """The two tables of one grid dir, optionally only for some of its cells."""
     views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
+    job_states = failures.job_records(views)  # failure classes of SLURM attempts need their job states
     views.sort(key=lambda view: (view.name != BASE_CELL, _line(view), _natural(view.name)))
     cell_info = pl.LazyFrame(
         {
             "cell": [view.name for view in views],
             "status": [view.outcome for view in views],
             "diff": [_diff_text(view.record) for view in views],
-            "failure": [view.failure if view.outcome not in ("passed", "xpassed") else None for view in views],
+            "failure": [failures.failure_text(view, job_states) for view in views],
         },
         schema={"cell": pl.String, "status": pl.String, "diff": pl.String, "failure": pl.String},
     )

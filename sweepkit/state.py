@@ -63,6 +63,7 @@ class Attempt:
     ended: float | None = None
     returncode: int | None = None
     failure: str | None = None
+    failure_class: str | None = None  # sweepkit.failures: set once the job's final state is known
 
 
 

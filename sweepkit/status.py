@@ -12,7 +12,7 @@ import time
 from rich.table import Table
 from rich.text import Text
 
-from sweepkit import metrics
+from sweepkit import failures, metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
 from sweepkit.progress import fmt_duration, fmt_number, label, print_wide, status_text
@@ -32,19 +32,23 @@ def status_rows(runs_dir, specs) -> list[dict]:
     nodeids = {st.cell_dir(runs_dir, spec): spec.nodeid for spec in specs or () if hasattr(spec, "grid_name")}
     rows = []
     now = time.time()
-    for directory in directories:
-        cell = st.view(directory)
+    views = [st.view(directory) for directory in directories]
+    records = failures.job_records(views)  # SLURM job states: liveness and failure classes
+    for directory, cell in zip(directories, views):
         summary = metrics.summary(directory) if directory.exists() else metrics.Summary()
+        status = cell.outcome if cell.state else "not run"
+        if cell.effective == "interrupted" and failures.job_alive(cell, records):
+            status = cell.state.state  # its job runs on: the lock is just not visible from here
         rows.append({
             "cell": nodeids.get(directory, cell.nodeid),
-            "status": cell.outcome if cell.state else "not run",
+            "status": status,
             "attempts": len(cell.state.attempts) if cell.state else 0,
             "step": summary.step,
             "sec_per_step": summary.sec_per_step,
             "reward": summary.reward,
             "metric_age_s": None if summary.updated is None else max(0.0, now - summary.updated),
             "job": cell.job,
-            "failure": cell.failure if cell.outcome not in ("passed", "xpassed") else None,
+            "failure": failures.failure_text(cell, records),
         })
     return rows
 
