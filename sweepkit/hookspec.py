@@ -16,8 +16,10 @@ Order of a ``sweep run``:
    cells that ``-k`` / ``-m`` / ``::CELL`` / ``--failed`` left out;
 4. :func:`sweep_validate_cell` for every selected cell; any error stops here;
 5. :func:`sweep_choose_executor` unless ``--executor`` names one;
-6. per cell: :func:`sweep_prepare_cell_dir`, :func:`sweep_cell_env`,
-   :func:`sweep_cell_started`, then :func:`sweep_cell_finished`;
+6. per cell: :func:`sweep_prepare_cell_dir`, :func:`sweep_cell_env`, for a cluster
+   executor :func:`sweep_job_resources` and :func:`sweep_job_sbatch_options` (once
+   :func:`sweep_job_concurrency_cap` per run), :func:`sweep_cell_started`, then
+   :func:`sweep_cell_finished`;
 7. :func:`sweep_unconfigure`.
 """
 
@@ -186,3 +188,36 @@ def sweep_cell_started(cell: "Cell", state) -> None:
 @hookspec
 def sweep_cell_finished(cell: "Cell", state) -> None:
     """Called when a cell has ended, whatever the outcome (``state``: the final state)."""
+
+
+# -- cluster jobs (the SLURM executor) ------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def sweep_job_resources(cell: "Cell", session: "Session") -> Any:
+    """A cluster's pieces of ``cell``'s job script; first answer wins.
+
+    :return: None to keep the cell's own launch keys, or an object with any of the
+        attributes ``nodes``, ``gpus_per_node``, ``time_limit`` (``[D-]HH:MM:SS``),
+        ``account``, ``partition``, ``qos``, ``preamble`` (shell lines run before the
+        command; ``#SBATCH`` lines among them go to the header), ``env`` (exported in the
+        script, quoted), ``argv_prefix`` (a container wrapper put before the cell's
+        command), ``python`` (replaces ``{python}`` in the target's argv) and
+        ``ray_bringup`` (a bash fragment starting Ray over the job's nodes), such as
+        ``sweepkit_plugins.clusters.JobPieces``. An attribute that is None keeps the
+        cell's launch key.
+    """
+
+
+@hookspec
+def sweep_job_sbatch_options(cell: "Cell", session: "Session") -> "dict[str, str]":
+    """Extra ``#SBATCH --name=value`` options of ``cell``'s job (``""`` for a flag such as
+    ``exclusive``); every plugin's dicts are merged, the cell's ``sbatch`` launch key last.
+    Values are quoted; a value with a line break is refused."""
+
+
+@hookspec(firstresult=True)
+def sweep_job_concurrency_cap(session: "Session") -> "int | None":
+    """How many cells of this runs dir may be in a cluster's queue at once (the seeds'
+    "at most 6 RL jobs running"); first answer wins, None for no cap. ``--max-parallel``
+    overrides it. Pending jobs count, a chain counts once, an array counts its ``%N``."""

@@ -9,6 +9,8 @@ completed, config changed since          error       fresh                error
 failed / cancelled / interrupted, with   error       fresh (checkpoints   resume from latest
 checkpoints                                          deleted)             checkpoint
 running (its ``.lock`` is held)          attach      error                attach
+submitted or running, its job still in   attach      fresh (the old jobs  attach
+a cluster's queue (``queued``)                       are cancelled)
 =======================================  ==========  ===================  ==================
 
 "attach" means waiting for the run some other driver started, never starting a second one.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -45,13 +48,22 @@ class PlanError(Exception):
     """A cell cannot be run with the options given; the message says which option to pass."""
 
 
-def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool) -> Plan:
+def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
+              queued: Callable[[st.Submission], bool] | None = None) -> Plan:
+    """``queued(submission)`` says whether a submitted job is still alive in its
+    executor's queue (a cluster job that has not started, or a chain between links); a
+    cell whose lock is free is then still taken, not a dead run."""
     directory = st.cell_dir(runs_dir, cell)
     state = st.read_state(directory)
     if st.is_locked(directory):
         if rerun:
             raise PlanError(f"is running now ({_holder(directory)}); wait for it to end before --rerun")
         return Plan(cell=cell, directory=directory, action=ATTACH, note=f"already running ({_holder(directory)})")
+    submission = state.submission if state is not None else None
+    if (not rerun and queued is not None and state is not None and state.state in ("submitted", "running") and submission is not None
+            and submission.job_id and queued(submission)):
+        return Plan(cell=cell, directory=directory, action=ATTACH,
+                    note=f"queued as {submission.executor} job {submission.job_id}")
     changed = state is not None and state.config_hash != cell.config_hash()
     if rerun:
         return Plan(cell=cell, directory=directory, action=FRESH, note="--rerun")

@@ -37,7 +37,7 @@ DRIVERS_DIR = ".drivers"
 def sweep_addoption(parser):
     parser.addoption("--max-parallel", commands=("run",), type=int, default=None, metavar="N",
                      help="run at most N cells at once (local executor; default: one per GPU, "
-                          "one without GPUs)")
+                          "one without GPUs; slurm: the concurrency cap over the runs dir's queued jobs)")
 
 
 @hookimpl
@@ -48,10 +48,30 @@ def sweep_validate_cell(cell, session):
     if options.rerun and options.resume:
         return ["--rerun and --resume exclude each other: --rerun starts over, --resume continues"]
     try:
-        pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume)
+        pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
+                     queued=queue_probe(session))
     except pl.PlanError as error:
         return [str(error)]
     return []
+
+
+def queue_probe(session):
+    """``plan_cell``'s ``queued``: asks the executor that submitted a job whether it is
+    still queued there (executors are made once per session, on first need)."""
+    made = session.stash.setdefault("runner.probe_executors", {})
+
+    def queued(submission: st.Submission) -> bool:
+        if submission.executor not in made:
+            spec = session.registry.executors.get(submission.executor)
+            try:
+                made[submission.executor] = spec.factory(session) if spec is not None else None
+            except UsageError:
+                made[submission.executor] = None  # cannot be asked here (no sbatch): not queued
+        executor = made[submission.executor]
+        handle = executor.attach(submission.job_id) if executor is not None else None
+        return handle is not None and executor.poll(handle) != DONE
+
+    return queued
 
 
 def make_executor(session) -> Executor:
@@ -76,11 +96,12 @@ def run_cells(session, cells) -> int:
     plans, errors = [], []
     for cell in cells:
         try:
-            plans.append(pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume))
+            plans.append(pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
+                                      queued=queue_probe(session)))
         except pl.PlanError as error:  # the state changed since validation
             file, line = cell.location
             errors.append(f"{file}:{line}: {cell.name}: {error}")
-    jobs = {plan.cell.nodeid: pl.make_job(plan, executor.name, _hook_env(session, plan.cell))
+    jobs = {plan.cell.nodeid: executor.bind(pl.make_job(plan, executor.name, _hook_env(session, plan.cell)), plan.cell)
             for plan in plans if plan.action in (pl.FRESH, pl.RESUME)}
     for plan in plans:
         problem = executor.check(jobs[plan.cell.nodeid]) if plan.cell.nodeid in jobs else None
@@ -90,7 +111,7 @@ def run_cells(session, cells) -> int:
     if errors:
         raise UsageError(*errors, f"{len(errors)} error{'s' if len(errors) > 1 else ''} found; nothing was run")
     if options.dry_run:
-        return dry_run(session, plans, jobs)
+        return dry_run(session, plans, jobs, executor)
     if options.detach and not executor.jobs_outlive_driver:
         return start_background_driver(session, len(jobs))
     return Run(session, executor, plans, jobs).execute()
@@ -100,7 +121,7 @@ def _hook_env(session, cell) -> list[dict]:
     return session.hook.sweep_cell_env(cell=cell, session=session)
 
 
-def dry_run(session, plans, jobs) -> int:
+def dry_run(session, plans, jobs, executor: Executor) -> int:
     console = session.console
     for plan in plans:
         nodeid = plan.cell.nodeid
@@ -116,8 +137,12 @@ def dry_run(session, plans, jobs) -> int:
         if job.gpus:
             console.print(f"  gpus: {job.gpus}", markup=False)
     counts = {action: sum(plan.action == action for plan in plans) for action in (pl.FRESH, pl.RESUME, pl.SKIP, pl.ATTACH)}
+    scripts = executor.render_dry_run(list(jobs.values()))
+    for path in scripts:
+        console.print(f"job script: {session.display_path(path)}", markup=False)
+    written = f"nothing was started; {len(scripts)} job script(s) written" if scripts else "nothing was started or written"
     console.print(f"dry run: would run {counts[pl.FRESH]} fresh, resume {counts[pl.RESUME]}, skip {counts[pl.SKIP]}, "
-                  f"wait for {counts[pl.ATTACH]} running; nothing was started or written", markup=False)
+                  f"wait for {counts[pl.ATTACH]} running; {written}", markup=False)
     return ExitCode.OK
 
 
@@ -243,12 +268,14 @@ class Run:
         self.executor.release_foreign(tracked.plan.cell.nodeid)
         options = self.session.options
         try:
-            plan = pl.plan_cell(tracked.plan.cell, self.session.runs_dir, rerun=False, resume=options.resume)
+            plan = pl.plan_cell(tracked.plan.cell, self.session.runs_dir, rerun=False, resume=options.resume,
+                                queued=queue_probe(self.session))
         except pl.PlanError as error:
             self._finish(tracked, "failed", str(error))
             return
         tracked.plan = plan
-        tracked.job = pl.make_job(plan, self.executor.name, _hook_env(self.session, plan.cell))
+        tracked.job = self.executor.bind(pl.make_job(plan, self.executor.name, _hook_env(self.session, plan.cell)),
+                                         plan.cell)
         if plan.action == pl.ATTACH or not self._prepare(tracked):
             self._attach(tracked)
         else:

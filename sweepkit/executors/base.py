@@ -50,6 +50,17 @@ class Executor(abc.ABC):
     def max_parallel(self) -> int | None:
         """How many cells may run at once (None: no limit of this executor)."""
 
+    def bind(self, job: CellJob, cell) -> CellJob:
+        """Called once per prepared job with the cell it runs; returns the job to submit.
+        An executor that derives per-cell settings from the cell (a cluster job's
+        resources) computes them here, and may wrap the job's argv (a container)."""
+        return job
+
+    def render_dry_run(self, jobs: Sequence[CellJob]) -> list:
+        """``--dry-run``: write what would be submitted for ``jobs`` (job scripts) and
+        return the paths written; nothing is submitted."""
+        return []
+
     def check(self, job: CellJob) -> str | None:
         """An error message when ``job`` can never run here (asks for more GPUs than the
         machine has), else None. Called before anything runs."""
