@@ -19,7 +19,7 @@ from sweepkit.errors import UsageError
 from sweepkit.session import ExitCode, Session, make_console
 
 REPORT_FORMATS = ("table", "csv", "md", "json", "parquet")
-COMMANDS = ("list", "run", "status", "report", "plugins")
+COMMANDS = ("list", "run", "status", "report", "cancel", "plugins")
 
 
 class _EarlyParseError(Exception):
@@ -104,6 +104,8 @@ def build_parser(registry=None, parser_class=argparse.ArgumentParser):
     report = command("report", "throughput and accuracy tables from the runs on disk")
     report.add_argument("paths", nargs="*", metavar="PATH", help="grid files or directories")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table")
+    cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them")
+    cancel.add_argument("paths", nargs="*", metavar="PATH", help=paths_help)
     command("plugins", "list active plugins and the hooks each implements")
     return parser, subparsers
 

@@ -93,6 +93,12 @@ def cmd_status(session: Session) -> int:
     return show_status(session, cells)
 
 
+def cmd_cancel(session: Session) -> int:
+    cells = list(session.collect(session.options.paths).cells)
+    cancel_command = _import_stage("sweepkit.cancel", "cancel_command", "cancel")
+    return cancel_command(session, cells)
+
+
 def report_grids(session: Session) -> list[str]:
     """Grid names for ``sweep report``: from the paths' file names, without running the files."""
     paths = session.options.paths

@@ -25,6 +25,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "sweepkit.runner",
     "sweepkit.executors.local",
     "sweepkit.executors.debug",
+    "sweepkit.executors.slurm",
 )
 
 ENTRY_POINT_GROUP = "sweepkit"

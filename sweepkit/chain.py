@@ -1,0 +1,95 @@
+"""Chains past the wall limit: a head job and ``max_restarts`` links, each a SLURM job
+that depends on the one before with ``afterany``, and each resuming the cell from its
+latest checkpoint.
+
+Why ``afterany`` links and not submitit's requeue of a ``Checkpointable``: requeueing
+needs submitit's warning signal, which on a short limit arrives at the controller's
+first check whatever delay was asked (so the job is requeued or, for anything not
+checkpointable, failed as "timed-out and not checkpointable" long before its limit; see
+docs/local-slurm.md); a requeued job keeps its id, so a link's ``TIMEOUT`` is never seen
+in ``sacct``; and a requeue is decided by a process inside the dying job. All links of
+an ``afterany`` chain are in the queue from the start, so the chain goes on without the
+driver and across a controller restart, every link has its own id and final state, and
+the normal end of a link that ran out of time is plain ``TIMEOUT``. This is also what the
+clusters' own launchers do.
+
+What each link does (:func:`run_link`, the function submitit runs):
+
+- a link after the head first reads the cell's state: a completed cell (an earlier link
+  finished the run) is not trained again; the link exits at once and cancels the links
+  after it. A cell that another submission took over, or that ``sweep cancel`` marked
+  cancelled, is left alone too;
+- otherwise it runs the cell as a resume: ``SWEEP_RESUME=1`` and, for a target with a
+  ``resume_mode`` key, ``resume_mode=latest`` in ``config.json``, so the step count
+  continues from the latest checkpoint and nothing is trained twice;
+- when the cell completes it cancels the links still queued behind it; when it fails or
+  times out and a link is still to come, the cell is recorded as ``submitted`` again
+  (waiting for that link) rather than ``failed``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from sweepkit import state as st
+from sweepkit.executors import sacct
+from sweepkit.job import CellJob, run_cell
+from sweepkit.plan import RESUME_KEY
+
+RESUME_ENV = "SWEEP_RESUME"
+
+
+def chain_ids(state: st.CellState | None, token: str) -> list[str]:
+    """The job ids of the chain that ``token``'s submission recorded (head first)."""
+    if state is None or state.submission is None or state.submission.token != token:
+        return []
+    return sacct.split_ids([state.submission.job_id])
+
+
+def as_resume(job: CellJob) -> CellJob:
+    """The same cell job, continuing from the latest checkpoint."""
+    config_path = Path(job.cell_dir) / st.CONFIG_FILE
+    config = st.read_json(config_path)
+    if isinstance(config, dict) and RESUME_KEY in config and config[RESUME_KEY] != "latest":
+        st.write_json(config_path, {**config, RESUME_KEY: "latest"})
+    return attrs.evolve(job, resume=True, env={**job.env, RESUME_ENV: "1"})
+
+
+def _cancel_after(job: CellJob, link: int) -> None:
+    later = chain_ids(st.read_state(Path(job.cell_dir)), job.token)[link + 1:]
+    if later:
+        sacct.cancel(later)
+
+
+def run_link(job: CellJob, link: int = 0, links: int = 1) -> str:
+    """Run link ``link`` (0: the head) of a chain of ``links`` jobs; returns the cell's
+    state after it, ``superseded`` or ``skipped`` when the link had nothing to do."""
+    directory = Path(job.cell_dir)
+    if link > 0:
+        state = st.read_state(directory)
+        if state is None or state.submission is None or state.submission.token != job.token:
+            return "superseded"
+        if state.state in ("completed", "cancelled"):
+            if state.state == "completed":
+                _cancel_after(job, link)
+            return "skipped"
+        job = as_resume(job)
+    final = run_cell(job)
+    if final == "completed":
+        _cancel_after(job, link)
+    elif final in ("failed", "cancelled") and link < links - 1:
+        _wait_for_next_link(job)
+    return final
+
+
+def _wait_for_next_link(job: CellJob) -> None:
+    def change(state: st.CellState | None) -> st.CellState | None:
+        if state is None or state.submission is None or state.submission.token != job.token:
+            return None
+        if state.state not in ("failed", "cancelled"):
+            return None
+        return attrs.evolve(state, state="submitted")
+
+    st.update_state(Path(job.cell_dir), change)
