@@ -8,7 +8,9 @@ repeatable between runs.
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -237,3 +239,136 @@ def test_gradient_accumulation_equals_one_big_micro_batch(reduction):
         assert stats["policy/grad_norm"] == pytest.approx(whole_stats["policy/grad_norm"], rel=1e-4)
         for a, b in zip(whole, parts):
             assert torch.allclose(a, b, atol=1e-6)
+
+
+# -- padded batches: no query row without a key, and no update from a non-finite gradient --------
+
+def left_padded_rollout(tokenizer, device, *, prompt_lengths, response_length, advantages):
+    """Random byte prompts of the given lengths (so left-padded) with full-length responses."""
+    from trainer.loop import Rollout
+    from trainer.rollout import Completion
+
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in prompt_lengths]
+    completions = [Completion(token_ids=torch.randint(0, 256, (response_length,), generator=generator).tolist(),
+                              finish_reason="length") for _ in prompt_lengths]
+    batch = Rollout.build(prompts, completions, tokenizer.pad_token_id, device)
+    batch.advantages = torch.as_tensor(advantages, dtype=torch.float32, device=device)
+    return batch
+
+
+def updated(cfg, batch, model, **kwargs):
+    """update_policy on batch with AdamW; (new parameters, metrics)."""
+    from trainer.loop import score, update_policy
+
+    batch.old_logprobs, _ = score(model, batch, cfg)
+    batch.rollout_logprobs = batch.old_logprobs
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
+    metrics = update_policy(model, optimizer, scheduler, batch, cfg, **kwargs)
+    return [p.detach().clone() for p in model.parameters()], metrics, optimizer, scheduler
+
+
+PADDED = dict(model="tiny-random", dataset="gsm8k", train_batch_size=2, policy_mini_batch_size=2,
+              n_samples_per_prompt=2, micro_train_batch_size_per_gpu=4, max_generate_length=16)
+
+
+def test_training_attention_gives_every_padded_query_a_key(monkeypatch):
+    """The masks SDPA receives in the update: a query row with no key gets NaN gradients on cuDNN."""
+    from trainer.config import TrainerConfig
+    from trainer.models import load_model_and_tokenizer
+
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(**PADDED)
+    model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
+    batch = left_padded_rollout(tokenizer, "cpu", prompt_lengths=[9, 9, 3, 3], response_length=5,
+                                advantages=[1.0, -1.0, 1.0, -1.0])
+    masks = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return real_sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    updated(cfg, batch, model)
+    assert masks and all(m is not None and m.dtype == torch.bool for m in masks)
+    assert any((~m).any() for m in masks)  # the padding is masked out
+    for mask in masks:
+        assert mask.any(dim=-1).all(), "a query row attends to no key"
+        assert not mask[2:, :, 6:, :6].any(), "a real token of a padded row sees padding"
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_self_attending_padding_leaves_real_token_logits_unchanged(implementation):
+    from trainer.config import TrainerConfig
+    from trainer.loop import response_logits
+    from trainer.models import load_model_and_tokenizer
+
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(**PADDED)
+    model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
+    model.set_attn_implementation(implementation)
+    batch = left_padded_rollout(tokenizer, "cpu", prompt_lengths=[9, 2, 5], response_length=4,
+                                advantages=[0.0, 0.0, 0.0])
+    with torch.no_grad():
+        got = response_logits(model, batch, 1.0)
+        for row in range(3):  # each row alone, unpadded: the reference
+            keep = batch.prompt_mask[row].bool()
+            ids = torch.cat([batch.prompt_ids[row, keep], batch.response_ids[row]])[None]
+            alone = model(input_ids=ids, logits_to_keep=5, use_cache=False).logits[:, :-1]
+            torch.testing.assert_close(got[row : row + 1], alone, rtol=1e-4, atol=1e-5)
+
+
+def test_non_finite_gradient_skips_the_update_and_says_so():
+    from trainer.config import TrainerConfig
+    from trainer.models import load_model_and_tokenizer
+
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(**{**PADDED, "policy_mini_batch_size": 1})
+    model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
+    before = [p.detach().clone() for p in model.parameters()]
+    # A NaN advantage in the second group only: its mini-batch's gradient is NaN.
+    batch = left_padded_rollout(tokenizer, "cpu", prompt_lengths=[7, 7, 4, 4], response_length=5,
+                                advantages=[1.0, -1.0, float("nan"), 1.0])
+    stderr = io.StringIO()
+    after, metrics, optimizer, scheduler = updated(cfg, batch, model, stderr=stderr)
+    assert metrics["policy/skipped_updates"] == 1 and metrics["policy/optimizer_steps"] == 1
+    assert math.isfinite(metrics["policy/grad_norm"]) and metrics["policy/grad_norm"] > 0
+    assert "skipped the update of mini-batch 2" in stderr.getvalue()
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))  # the first update did apply
+    assert scheduler.last_epoch == 1  # the skipped update does not advance the schedule
+    assert all(p.grad is None for p in model.parameters())
+
+
+def zero_advantage_update_keeps_weights(device, dtype, prompt_lengths, response_length):
+    from trainer.config import TrainerConfig
+    from trainer.models import load_model_and_tokenizer
+
+    cfg = TrainerConfig(**{**PADDED, "device": device, "train_batch_size": len(prompt_lengths) // 2,
+                           "policy_mini_batch_size": len(prompt_lengths) // 2,
+                           "micro_train_batch_size_per_gpu": len(prompt_lengths),
+                           "max_generate_length": response_length})
+    model, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype=dtype)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = left_padded_rollout(tokenizer, device, prompt_lengths=prompt_lengths,
+                                response_length=response_length, advantages=[0.0] * len(prompt_lengths))
+    after, metrics, _, _ = updated(cfg, batch, model)
+    assert metrics["policy/skipped_updates"] == 0
+    assert metrics["policy/grad_norm"] == 0.0 and metrics["policy/loss"] == 0.0
+    for a, b in zip(before, after):
+        assert torch.equal(a, b)  # zero advantages: zero gradient, and AdamW moves nothing
+
+
+def test_zero_advantages_on_a_left_padded_batch_leave_the_weights_alone():
+    torch.set_num_threads(1)
+    zero_advantage_update_keeps_weights("cpu", "bfloat16", [40] * 4 + [7] * 4, 12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_zero_advantages_on_a_left_padded_batch_leave_the_weights_alone_on_cuda():
+    # The shape that turned every weight to NaN on an H200 (torch 2.11, cuDNN attention):
+    # prompts of 256 and 209 tokens, so 47 left-pad columns, and 64-token responses.
+    zero_advantage_update_keeps_weights("cuda", "bfloat16", [256] * 4 + [209] * 4, 64)

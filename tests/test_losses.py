@@ -266,6 +266,22 @@ def test_masked_mean_of_empty_mask_is_zero():
     assert per_row.tolist() == [0.5, 0.0]
 
 
+@pytest.mark.parametrize("reduction", losses.REDUCTIONS)
+def test_non_finite_values_at_masked_positions_reach_neither_loss_nor_gradient(reduction):
+    lengths = [3, 1]
+    mask = _padding_mask(lengths, 4)
+    values = torch.rand(2, 4, generator=_generator(7), dtype=torch.float64)
+    clean = losses.aggregate(values, mask, reduction)
+    poisoned = values.clone()
+    poisoned[0, 3], poisoned[1, 1:] = float("nan"), float("inf")  # only where the mask is 0
+    poisoned.requires_grad_(True)
+    loss = losses.aggregate(poisoned, mask, reduction)
+    loss.backward()
+    assert loss.item() == pytest.approx(clean.item())
+    assert torch.isfinite(poisoned.grad).all() and (poisoned.grad[mask == 0] == 0).all()
+    assert losses.masked_mean(poisoned.detach(), mask).item() == pytest.approx(losses.masked_mean(values, mask).item())
+
+
 # --- pass@k and distillation ---------------------------------------------------------
 
 

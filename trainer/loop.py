@@ -25,7 +25,11 @@ runs it for GSM8K:
   ``kl_loss_coef`` * KL(pi || pi_ref) (k1/k2/k3) with ``use_kl_loss``; minus
   ``entropy_loss_coef`` * entropy with ``use_entropy_loss``; reduced by
   ``loss_reduction``; then grad-norm clip and AdamW with linear warm-up (the
-  learning rate is constant after warm-up).
+  learning rate is constant after warm-up). An update whose gradient norm is
+  not finite is skipped and counted (``policy/skipped_updates``).
+* in the training forward, left-pad positions attend to themselves (see
+  ``padded_attention``): a query row that sees no key gets NaN gradients from
+  cuDNN attention even where its output is unused.
 
 How it differs from the papers and SkyRL
 ----------------------------------------
@@ -186,7 +190,7 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
 
         # -- 3. policy updates: mini-batches of whole groups, micro-batches accumulate ---
         with timed(times, "timing/policy_train"):
-            update_stats = update_policy(model, optimizer, scheduler, batch, cfg)
+            update_stats = update_policy(model, optimizer, scheduler, batch, cfg, stderr=stderr)
 
         # -- 4. push the new weights to the rollout engine ------------------------------------
         with timed(times, "timing/sync_weights"):
@@ -293,9 +297,40 @@ def response_logits(model, batch: Rollout, temperature: float) -> torch.Tensor:
     attention = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # left padding shifts positions
     response_len = batch.response_ids.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                   logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1]  # (b, R, V)
-    return logits / temperature if temperature != 1.0 else logits
+    logits = model(input_ids=input_ids, attention_mask=padded_attention(model, attention),
+                   position_ids=positions, logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1]
+    return logits / temperature if temperature != 1.0 else logits  # (b, R, V)
+
+
+def padded_attention(model, attention: torch.Tensor) -> torch.Tensor:
+    """The attention mask for a left-padded (b, L) batch in which no query row is empty.
+
+    With the plain 2-D mask a left-pad position sees no key at all (every key
+    before it is padding). Its output is never used and its upstream gradient
+    is zero, but cuDNN's SDPA backward (torch's pick on an H200 in bf16) still
+    returns NaN dQ for such rows, and 0 * NaN poisons q_proj and everything
+    below it. Here every pad query attends to its own key, which no real
+    token can see, so real tokens' outputs are unchanged.
+
+    Only SDPA and eager attention take a dense 4-D mask; other kernels (the
+    flash-attention family) unpad instead and get the 2-D mask, as do models
+    with sliding-window layers, whose windows a hand-built mask would drop.
+    """
+    config = model.config
+    implementation = getattr(config, "_attn_implementation", None)
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if (implementation not in ("sdpa", "eager") or layer_types != {"full_attention"}
+            or getattr(config, "sliding_window", None) is not None):
+        return attention
+    valid = attention.bool()  # (b, L)
+    length = valid.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+    own_key = torch.eye(length, dtype=torch.bool, device=valid.device)
+    allowed = (causal & valid[:, None, :]) | (own_key & ~valid[:, :, None])  # (b, L query, L key)
+    if implementation == "sdpa":
+        return allowed[:, None]  # (b, 1, L, L), True = attend
+    return torch.zeros(allowed.shape, dtype=model.dtype, device=valid.device).masked_fill_(
+        ~allowed, torch.finfo(model.dtype).min)[:, None]  # eager adds the mask to the scores
 
 
 @torch.no_grad()
@@ -318,8 +353,13 @@ def score(model, batch: Rollout, cfg, *, with_entropy=False):
     return logprobs * batch.response_mask, entropy
 
 
-def update_policy(model, optimizer, scheduler, batch: Rollout, cfg) -> dict:
-    """One optimizer step per mini-batch; returns the step's policy metrics."""
+def update_policy(model, optimizer, scheduler, batch: Rollout, cfg, *, stderr=None) -> dict:
+    """One optimizer step per mini-batch; returns the step's policy metrics.
+
+    A mini-batch whose gradient norm is not finite leaves the weights, the
+    optimizer state and the schedule untouched; it is counted in
+    ``policy/skipped_updates`` and reported on ``stderr``.
+    """
     model.train()
     samples = batch.response_ids.shape[0]
     mini_size = cfg.policy_mini_batch_size * cfg.n_samples_per_prompt
@@ -327,7 +367,7 @@ def update_policy(model, optimizer, scheduler, batch: Rollout, cfg) -> dict:
     # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
     sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0}
     tokens_seen = 0.0
-    mini_batches = 0
+    mini_batches = skipped = 0
     for mini_start in range(0, samples, mini_size):
         mini = batch.rows(slice(mini_start, mini_start + mini_size))
         totals = dict(num_sequences=mini.response_ids.shape[0], num_tokens=float(mini.response_mask.sum()),
@@ -362,21 +402,30 @@ def update_policy(model, optimizer, scheduler, batch: Rollout, cfg) -> dict:
             del logits, logprobs, per_token, loss
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler then moves on)
-        optimizer.step()
-        scheduler.step()
+        # One sync per optimizer step: a non-finite gradient would turn every weight to NaN
+        # (AdamW's moments keep it forever), so that update is dropped and counted instead.
+        if torch.isfinite(grad_norm):
+            optimizer.step()
+            scheduler.step()
+            sums["grad_norm"] += grad_norm.detach()
+        else:
+            skipped += 1
+            print(f"sweep-train: skipped the update of mini-batch {mini_batches + 1}: the gradient norm is "
+                  f"{float(grad_norm)}", file=stderr or sys.stderr)
         optimizer.zero_grad(set_to_none=True)
         sums["loss"] += mini_loss
-        sums["grad_norm"] += grad_norm.detach()
         mini_batches += 1
     sums = {key: float(total) for key, total in sums.items()}  # one device sync for the whole step
     per_token = max(float(tokens_seen), 1.0)
+    applied = mini_batches - skipped
     metrics = {
         "policy/loss": sums["loss"] / mini_batches,
-        "policy/grad_norm": sums["grad_norm"] / mini_batches,
+        "policy/grad_norm": sums["grad_norm"] / applied if applied else math.nan,  # of the applied updates
         "policy/lr": lr,
         "policy/clip_frac": sums["clip_frac"] / per_token,
         "policy/kl": sums["kl"] / per_token,
-        "policy/optimizer_steps": mini_batches,
+        "policy/optimizer_steps": applied,
+        "policy/skipped_updates": skipped,
     }
     if cfg.use_kl_loss:
         metrics["policy/ref_kl"] = sums["ref_kl"] / per_token

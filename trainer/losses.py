@@ -200,12 +200,21 @@ def kl_penalty(logprobs, ref_logprobs, *, estimator="k3"):
     raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
+def _masked(x, mask):
+    """x * mask with an exact 0 where mask is 0, even where x is NaN or inf.
+
+    Multiplying alone would carry a non-finite value at a masked position
+    into the sum (0 * NaN = NaN); ``where`` also routes no gradient there.
+    """
+    return torch.where(mask != 0, x * mask, 0.0)
+
+
 def masked_mean(x, mask, dim=None):
     """Mean of x over positions where mask is 1; 0 where nothing is selected."""
     mask = mask.to(x.dtype)
     if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1.0)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+        return _masked(x, mask).sum() / mask.sum().clamp(min=1.0)
+    return _masked(x, mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
 def aggregate(per_token, mask, reduction, *, num_sequences=None, num_tokens=None, max_len=None):
@@ -225,7 +234,7 @@ def aggregate(per_token, mask, reduction, *, num_sequences=None, num_tokens=None
     if per_token.shape != mask.shape or per_token.dim() != 2:
         raise ValueError(f"per_token {tuple(per_token.shape)} and mask {tuple(mask.shape)} must both be (B, T)")
     mask = mask.to(per_token.dtype)
-    total = (per_token * mask).sum()
+    total = _masked(per_token, mask).sum()
     sequences = per_token.shape[0] if num_sequences is None else num_sequences
     if reduction == "token_mean":
         tokens = mask.sum().clamp(min=1.0) if num_tokens is None else max(num_tokens, 1)
