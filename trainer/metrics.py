@@ -23,6 +23,7 @@ TRAIN_KEYS = (
     "throughput/tokens_generated", "throughput/tokens_per_s",
     "reward/mean", "reward/std",
     "policy/entropy", "policy/kl", "policy/clip_frac", "policy/loss", "policy/grad_norm", "policy/lr",
+    "policy/optimizer_steps", "policy/skipped_updates",
     "response_length/mean", "response_length/max",
     "memory/peak_gb",
 )
