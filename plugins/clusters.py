@@ -1,7 +1,7 @@
 """Which cluster a sweep runs on, and what the cluster plugins share.
 
 A cluster plugin is a module with a ``CLUSTER`` :class:`ClusterProfile`, hook
-implementations for its rules, and a ``job_pieces(cell, environ)`` function that returns
+implementations for its rules, and a ``job_pieces(cell, environ, cell_dir)`` function that returns
 the :class:`JobPieces` a job script for that cluster is assembled from.
 
 Every cluster plugin is registered, but only the active cluster's stays registered: at
@@ -14,8 +14,14 @@ Every cluster plugin is registered, but only the active cluster's stays register
    ``login*.leonardo.local`` / ``lrdn*`` or Jupiter's ``jpbo-*``: examples, kept in each
    plugin's profile; set ``SWEEP_CLUSTER`` where they do not fit.
 
-The launch keys both clusters read (node count and the GPU budget) are registered here,
-once, so a grid that sets them loads whatever cluster is active.
+When a cluster is active, cells run as SLURM jobs (``sweep_choose_executor`` answers
+``slurm``, also for ``--dry-run`` on a machine without ``sbatch``), and this plugin answers
+the SLURM executor's questions for it: ``sweep_job_resources`` with the active cluster's
+``job_pieces``, ``sweep_job_concurrency_cap`` with its ``max_running``, and
+``sweep_job_sbatch_options`` with the CPUs that go with the GPUs.
+
+The launch keys every cluster reads (node count, the GPU budget, a container and a venv)
+are registered here, once, so a grid that sets them loads whatever cluster is active.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
+import shlex
 import socket
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -32,10 +39,12 @@ import attrs
 from sweepkit.errors import UsageError
 from sweepkit.hookspec import hookimpl
 from sweepkit.launch import parse_time_limit
+from sweepkit.state import cell_dir as cell_dir_of
 
 CLUSTER_ENV = "SWEEP_CLUSTER"
 NO_CLUSTER = "none"
 OPTION_COMMANDS = ("list", "run", "status", "report", "plugins")
+STASH_KEY = "clusters.active"
 
 
 def _tuple(value) -> tuple:
@@ -48,7 +57,9 @@ class ClusterProfile:
 
     ``max_running``: how many cells may run on the cluster at once (None: no cap);
     ``max_time_limit``: the longest wall a job gets (longer cells chain with
-    ``max_restarts``); ``default_time_limit``: the wall of a cell that sets none.
+    ``max_restarts``); ``default_time_limit``: the wall of a cell that sets none;
+    ``cpus_per_gpu``: CPU cores a job gets per GPU it asks for (None: SLURM's default,
+    which is one core per task: too few for a trainer and its rollout engines).
     """
 
     name: str
@@ -58,6 +69,7 @@ class ClusterProfile:
     max_running: Optional[int] = None
     max_time_limit: str
     default_time_limit: str
+    cpus_per_gpu: Optional[int] = None
     doc: str = ""
 
 
@@ -126,14 +138,23 @@ def _hostname() -> str:
 
 
 def active_cluster(session) -> str | None:
-    plugins = cluster_plugins(session.pm)
-    return select_cluster(getattr(session.options, "cluster", None),
-                          [plugin.CLUSTER for plugin in plugins.values()], os.environ, _hostname())
+    """The active cluster's name; decided once per session (the hostname lookup can be slow)."""
+    if STASH_KEY not in session.stash:
+        plugins = cluster_plugins(session.pm)
+        session.stash[STASH_KEY] = select_cluster(
+            getattr(session.options, "cluster", None), [plugin.CLUSTER for plugin in plugins.values()],
+            os.environ, _hostname())
+    return session.stash[STASH_KEY]
+
+
+def active_plugin(session):
+    name = active_cluster(session)
+    return cluster_plugins(session.pm)[name] if name else None
 
 
 def active_profile(session) -> ClusterProfile | None:
-    name = active_cluster(session)
-    return cluster_plugins(session.pm)[name].CLUSTER if name else None
+    plugin = active_plugin(session)
+    return plugin.CLUSTER if plugin else None
 
 
 @hookimpl
@@ -147,6 +168,14 @@ def sweep_configure(session):
 # -- what the SLURM executor asks -------------------------------------------------------
 
 
+@hookimpl
+def sweep_choose_executor(session):
+    # A cluster's cells are SLURM jobs, wherever the command is typed: on a machine without
+    # sbatch a dry run still renders their job scripts and a real run says sbatch is missing,
+    # rather than starting a 4-GPU cell on the login node.
+    return "slurm" if active_cluster(session) else None
+
+
 def concurrency_cap(session) -> int | None:
     """How many cells may run at once on the active cluster (None: no cap).
 
@@ -157,12 +186,35 @@ def concurrency_cap(session) -> int | None:
     return profile.max_running if profile else None
 
 
+@hookimpl
+def sweep_job_concurrency_cap(session):
+    return concurrency_cap(session)
+
+
 def job_pieces(cell, session) -> JobPieces | None:
-    """The active cluster's pieces of ``cell``'s job script (None: no cluster active)."""
-    name = active_cluster(session)
-    if name is None:
+    """The active cluster's pieces of ``cell``'s job script (None: no cluster active).
+
+    Calls the cluster plugin's ``job_pieces(cell, environ, cell_dir)``.
+    """
+    plugin = active_plugin(session)
+    if plugin is None:
         return None
-    return cluster_plugins(session.pm)[name].job_pieces(cell, os.environ)
+    return plugin.job_pieces(cell, os.environ, cell_dir_of(session.runs_dir, cell))
+
+
+@hookimpl
+def sweep_job_resources(cell, session):
+    return job_pieces(cell, session)
+
+
+@hookimpl
+def sweep_job_sbatch_options(cell, session):
+    profile = active_profile(session)
+    launch = cell.launch()
+    if profile is None or profile.cpus_per_gpu is None or launch.get("cpus") is not None:
+        return {}
+    gpus = job_gpus_per_node(cell, profile)
+    return {"cpus-per-task": str(profile.cpus_per_gpu * gpus)} if gpus else {}
 
 
 # -- node count from the GPU budget ---------------------------------------------------------
@@ -177,6 +229,8 @@ LAUNCH_KEYS = (
     ("ref_num_gpus", int, 0, "GPUs of a reference/teacher model not colocated with the policy"),
     ("model_params_b", Optional[float], None,
      "model size in billions of parameters (None: parsed from the model name, e.g. '32B')"),
+    ("container", Optional[str], None, "container image or sandbox dir the cell runs in (None: $SWEEP_CONTAINER)"),
+    ("venv", Optional[str], None, "venv whose bin/python runs the cell (None: $SWEEP_VENV)"),
 )
 
 
@@ -219,6 +273,15 @@ def gpus_per_node(cell, profile: ClusterProfile) -> int:
 
 def derived_nodes(cell, profile: ClusterProfile) -> int:
     return max(1, math.ceil(gpu_budget(cell) / gpus_per_node(cell, profile)))
+
+
+def job_gpus_per_node(cell, profile: ClusterProfile) -> int:
+    """GPUs to ask of each node: all of them for a multi-node cell, else what the cell's
+    budget (or its ``gpus``) needs, so a one-GPU cell does not hold a whole node."""
+    per_node = gpus_per_node(cell, profile)
+    if cell_nodes(cell, profile) > 1:
+        return per_node
+    return min(per_node, max(gpu_budget(cell), int(cell.launch().get("gpus") or 0)))
 
 
 def cell_nodes(cell, profile: ClusterProfile | None) -> int:
@@ -272,3 +335,64 @@ def job_time_limit(cell, profile: ClusterProfile) -> str:
     seconds = parse_time_limit(value)
     hours, rest = divmod(seconds, 3600)
     return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+# -- container ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Container:
+    """``singularity exec`` (or ``apptainer exec``) of an image or sandbox dir, with a
+    venv's python inside it."""
+
+    image: str
+    venv: Optional[str] = None
+    binds: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    pwd: Optional[str] = None
+    binary: str = "singularity"
+    no_home: bool = True
+
+    def argv_prefix(self) -> list[str]:
+        argv = [self.binary, "exec", "--nv"] + (["--no-home"] if self.no_home else [])
+        if self.binds:
+            argv += ["--bind", ",".join(self.binds)]
+        if self.pwd:
+            argv += ["--pwd", self.pwd]
+        return argv + [self.image]
+
+    def venv_bin(self, name: str) -> str:
+        return f"{self.venv}/bin/{name}" if self.venv else name
+
+
+def container_of(cell, environ: Mapping[str, str], *, cell_dir=None, default_binds=(),
+                 binary: str = "singularity", no_home: bool = True) -> Container | None:
+    """The cell's container: launch key ``container``, else ``$SWEEP_CONTAINER``.
+
+    ``$SWEEP_CONTAINER_BINDS`` (comma-separated) replaces ``default_binds``;
+    ``$SWEEP_CONTAINER_PWD`` replaces the cell dir as the working dir inside;
+    ``$SWEEP_SINGULARITY`` replaces ``binary``.
+    """
+    launch = cell.launch()
+    image = launch.get("container") or environ.get("SWEEP_CONTAINER")
+    if not image:
+        return None
+    binds = environ.get("SWEEP_CONTAINER_BINDS")
+    bind_list = [b for b in binds.split(",") if b] if binds else [b for b in default_binds if b]
+    pwd = environ.get("SWEEP_CONTAINER_PWD") or (str(cell_dir) if cell_dir is not None else None)
+    return Container(image=image, venv=venv_of(cell, environ), binds=bind_list, pwd=pwd,
+                     binary=environ.get("SWEEP_SINGULARITY") or binary, no_home=no_home)
+
+
+def venv_of(cell, environ: Mapping[str, str]) -> str | None:
+    return cell.launch().get("venv") or environ.get("SWEEP_VENV") or None
+
+
+def python_of(cell, environ: Mapping[str, str], container: Container | None) -> str | None:
+    """The interpreter that runs the cell: the venv's python (None: keep sweepkit's)."""
+    venv = container.venv if container else venv_of(cell, environ)
+    return f"{venv}/bin/python" if venv else None
+
+
+def make_dirs_line(*paths: str) -> str:
+    """A preamble line creating ``paths`` (quoted) before anything writes there."""
+    return "mkdir -p " + " ".join(shlex.quote(path) for path in paths)

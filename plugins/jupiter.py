@@ -14,8 +14,21 @@ Rules, each refused before anything is submitted:
   struct config, is refused.
 
 At most 6 cells run on the cluster at once (``CLUSTER.max_running``, read by the SLURM
-executor through :func:`sweepkit_plugins.clusters.concurrency_cap`). Account and
-reservation come from ``SWEEP_ACCOUNT`` / ``SWEEP_PARTITION`` / ``SWEEP_RESERVATION``.
+executor through :func:`sweepkit_plugins.clusters.concurrency_cap`): a job array of
+equal cells carries ``%6``. Everything person-specific comes from the environment; the
+values in the docs are examples:
+
+=========================  ===============================================================
+``SWEEP_ACCOUNT``          SLURM account, e.g. ``reformo``
+``SWEEP_PARTITION``        SLURM partition (default: the account's)
+``SWEEP_QOS``              SLURM QOS (default: the account's)
+``SWEEP_RESERVATION``      reservation the jobs run in, e.g. ``reformo``
+``SWEEP_VENV``             venv whose python runs the cell (launch key ``venv``), e.g. the RL venv
+                           ``$WORKDIR/envs/rl``
+``SWEEP_CONTAINER``        SIF image run with ``apptainer exec --nv`` (launch key ``container``)
+``SWEEP_CONTAINER_BINDS``  comma-separated bind paths (default: ``$WORK`` and ``$SCRATCH``)
+``SWEEP_RAY_IFNAME``       interface of NCCL/Gloo and the Ray head IP (default ``ib0``)
+=========================  ===============================================================
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ CLUSTER = clusters.ClusterProfile(
     max_running=6,
     max_time_limit="11:59:00",
     default_time_limit="11:59:00",
+    cpus_per_gpu=72,
     doc="JSC Jupiter booster: 4 x GH200 a node; at most 6 RL cells running",
 )
 
@@ -209,24 +223,41 @@ def sweep_validate_cell(cell, session):
 # -- the job script ----------------------------------------------------------------------------
 
 
-def job_pieces(cell, environ: Mapping[str, str]) -> clusters.JobPieces:
+def container_of(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.Container | None:
+    """A SIF image (the MoE / Megatron arms) run with apptainer; ``$SWEEP_CONTAINER_BINDS``
+    names what it sees (default: ``$WORK`` and ``$SCRATCH``)."""
+    return clusters.container_of(cell, environ, cell_dir=cell_dir, binary="apptainer", no_home=False,
+                                 default_binds=[environ.get(name, "") for name in ("WORK", "SCRATCH")])
+
+
+def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobPieces:
     nodes = clusters.cell_nodes(cell, CLUSTER)
-    per_node = clusters.gpus_per_node(cell, CLUSTER)
+    per_node = clusters.job_gpus_per_node(cell, CLUSTER)
     launch = cell.launch()
+    container = container_of(cell, environ, cell_dir)
+    venv = clusters.venv_of(cell, environ)
     env = {"RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     if (launch.get("vllm_dp_size") or 1) > 1:
         env["SWEEP_VLLM_DP_SIZE"] = str(launch["vllm_dp_size"])
     preamble = []
     if environ.get("SWEEP_RESERVATION"):
         preamble.append(f"#SBATCH --reservation={environ['SWEEP_RESERVATION']}")
+    bringup = None
+    if nodes > 1:
+        prefix = container.argv_prefix() if container else ()
+        tool = (lambda name: f"{venv}/bin/{name}") if venv else (lambda name: name)
+        bringup = ray_cluster.render_bringup(ray_cluster.bringup_for(
+            cell, environ, prefix=prefix, ray=tool("ray"), python=tool("python"), num_gpus=per_node))
     return clusters.JobPieces(
         cluster=CLUSTER.name, nodes=nodes, gpus_per_node=per_node,
         time_limit=clusters.job_time_limit(cell, CLUSTER),
         account=launch.get("account") or environ.get("SWEEP_ACCOUNT"),
         partition=launch.get("partition") or environ.get("SWEEP_PARTITION"),
-        qos=launch.get("qos"), preamble=preamble, env=env,
-        ray_bringup=(ray_cluster.render_bringup(ray_cluster.bringup_for(cell, environ, num_gpus=per_node))
-                     if nodes > 1 else None),
+        qos=launch.get("qos") or environ.get("SWEEP_QOS") or None,
+        preamble=preamble, env=env,
+        argv_prefix=container.argv_prefix() if container else (),
+        python=clusters.python_of(cell, environ, container),
+        ray_bringup=bringup,
     )
 
 

@@ -21,6 +21,7 @@ person-specific comes from the environment; the values in the docs are examples:
 ``SCRATCH_FAST``           the fast scratch, e.g. ``/leonardo_scratch/fast/<ACCOUNT>/<user>``
 ``SWEEP_ACCOUNT``          SLURM account, e.g. ``AIFAC_5C0_290``
 ``SWEEP_PARTITION``        SLURM partition (default ``boost_usr_prod``)
+``SWEEP_QOS``              SLURM QOS (default: the partition's; the debug one is ``boost_qos_dbg``)
 ``SWEEP_CONTAINER``        writable singularity sandbox dir (launch key ``container``)
 ``SWEEP_VENV``             uv venv whose python runs the cell (launch key ``venv``)
 ``SWEEP_CONTAINER_BINDS``  comma-separated bind paths (default: ``$WORK`` and ``$SCRATCH_FAST``)
@@ -51,6 +52,7 @@ CLUSTER = clusters.ClusterProfile(
     max_running=None,
     max_time_limit="23:59:00",
     default_time_limit="23:59:00",
+    cpus_per_gpu=8,
     doc="CINECA Leonardo booster: 4 x A100-64GB a node, no compute-node internet",
 )
 
@@ -69,7 +71,7 @@ class QosLimit:
 
 
 def qos_limit(qos: str | None, environ: Mapping[str, str]) -> QosLimit:
-    debug = environ.get("SWEEP_DEBUG_QOS", DEFAULT_DEBUG_QOS)
+    debug = environ.get("SWEEP_DEBUG_QOS") or DEFAULT_DEBUG_QOS
     if qos == debug:
         return QosLimit(name=debug, max_time="00:30:00", max_nodes=2)
     return QosLimit(name=qos or "normal", max_time=CLUSTER.max_time_limit)
@@ -132,7 +134,7 @@ def write_path_errors(cell, session, environ: Mapping[str, str]) -> list[str]:
 
 
 def qos_errors(cell, environ: Mapping[str, str]) -> list[str]:
-    limit = qos_limit(cell.launch().get("qos"), environ)
+    limit = qos_limit(job_qos(cell, environ), environ)
     errors = clusters.time_limit_errors(cell, limit.max_time, f"QOS {limit.name}")
     nodes = clusters.cell_nodes(cell, CLUSTER)
     if limit.max_nodes is not None and nodes > limit.max_nodes:
@@ -199,45 +201,21 @@ def offline_env(environ: Mapping[str, str], *, in_container: bool) -> dict[str, 
     return env
 
 
-@attrs.frozen(kw_only=True)
-class Container:
-    """``singularity exec`` of a writable sandbox dir, with a uv venv's python."""
-
-    sandbox: str
-    venv: Optional[str] = None
-    binds: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    pwd: Optional[str] = None
-    binary: str = "singularity"
-
-    def argv_prefix(self) -> list[str]:
-        argv = [self.binary, "exec", "--nv", "--no-home"]
-        if self.binds:
-            argv += ["--bind", ",".join(self.binds)]
-        if self.pwd:
-            argv += ["--pwd", self.pwd]
-        return argv + [self.sandbox]
-
-    def venv_bin(self, name: str) -> str:
-        return f"{self.venv}/bin/{name}" if self.venv else name
+def container_of(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.Container | None:
+    """The writable sandbox dir the cell runs in, with ``$WORK`` and ``$SCRATCH_FAST`` bound
+    and the cell dir as its working dir (``--no-home``: the sandbox's home is read-only)."""
+    return clusters.container_of(cell, environ, cell_dir=cell_dir,
+                                 default_binds=[environ.get(name, "") for name in ("WORK", "SCRATCH_FAST")])
 
 
-def container_of(cell, environ: Mapping[str, str], cell_dir: str | None = None) -> Container | None:
-    launch = cell.launch()
-    sandbox = launch.get("container") or environ.get("SWEEP_CONTAINER")
-    if not sandbox:
-        return None
-    binds = environ.get("SWEEP_CONTAINER_BINDS")
-    bind_list = [b for b in binds.split(",") if b] if binds else [
-        environ[name] for name in ("WORK", "SCRATCH_FAST") if environ.get(name)]
-    return Container(sandbox=sandbox, venv=launch.get("venv") or environ.get("SWEEP_VENV"),
-                     binds=bind_list, pwd=environ.get("SWEEP_CONTAINER_PWD") or cell_dir,
-                     binary=environ.get("SWEEP_SINGULARITY", "singularity"))
+def job_qos(cell, environ: Mapping[str, str]) -> str | None:
+    return cell.launch().get("qos") or environ.get("SWEEP_QOS") or None
 
 
-def job_pieces(cell, environ: Mapping[str, str]) -> clusters.JobPieces:
-    container = container_of(cell, environ)
+def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobPieces:
+    container = container_of(cell, environ, cell_dir)
     nodes = clusters.cell_nodes(cell, CLUSTER)
-    per_node = clusters.gpus_per_node(cell, CLUSTER)
+    per_node = clusters.job_gpus_per_node(cell, CLUSTER)
     launch = cell.launch()
     bringup = None
     if nodes > 1:
@@ -247,29 +225,20 @@ def job_pieces(cell, environ: Mapping[str, str]) -> clusters.JobPieces:
             ray=container.venv_bin("ray") if container else "ray",
             python=container.venv_bin("python") if container else "python")
         bringup = ray_cluster.render_bringup(spec)
-    time_limit = clusters.job_time_limit(cell, CLUSTER)
+    env = offline_env(environ, in_container=container is not None)
     return clusters.JobPieces(
-        cluster=CLUSTER.name, nodes=nodes, gpus_per_node=per_node, time_limit=time_limit,
+        cluster=CLUSTER.name, nodes=nodes, gpus_per_node=per_node,
+        time_limit=clusters.job_time_limit(cell, CLUSTER),
         account=launch.get("account") or environ.get("SWEEP_ACCOUNT"),
-        partition=launch.get("partition") or environ.get("SWEEP_PARTITION", DEFAULT_PARTITION),
-        qos=launch.get("qos"),
-        env=offline_env(environ, in_container=container is not None),
+        partition=launch.get("partition") or environ.get("SWEEP_PARTITION") or DEFAULT_PARTITION,
+        qos=job_qos(cell, environ),
+        # The writable HOME and caches must exist before Ray or the trainer write there.
+        preamble=[clusters.make_dirs_line(env["XDG_CACHE_HOME"], env["XDG_CONFIG_HOME"])],
+        env=env,
         argv_prefix=container.argv_prefix() if container else (),
-        python=container.venv_bin("python") if container and container.venv else None,
+        python=clusters.python_of(cell, environ, container),
         ray_bringup=bringup,
     )
-
-
-LAUNCH_KEYS = (
-    ("container", Optional[str], None, "singularity sandbox dir the cell runs in (None: $SWEEP_CONTAINER)"),
-    ("venv", Optional[str], None, "uv venv whose bin/python runs the cell (None: $SWEEP_VENV)"),
-)
-
-
-@hookimpl
-def sweep_register_keys(register):
-    for name, tp, default, doc in LAUNCH_KEYS:
-        register(name, tp, default, doc)
 
 
 @hookimpl

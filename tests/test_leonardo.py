@@ -131,7 +131,7 @@ def test_container_wrapper_and_job_pieces(tmp_path):
     from sweepkit.cell import Cell, Target
 
     launch_keys = {name: default for name, _, default, _ in
-                   clusters.LAUNCH_KEYS + leonardo.LAUNCH_KEYS + ray_cluster.LAUNCH_KEYS}
+                   clusters.LAUNCH_KEYS + ray_cluster.LAUNCH_KEYS}
     launch_keys.update(account=None, partition=None, qos=None, time_limit=None, gpus=0)
     cell = Cell(grid="grids/g.py", grid_name="g", name="big", target=Target(name="t", argv=("{python}",)),
                 config={"policy_num_gpus": 8, "num_inference_engines": 0}, location=("grids/g.py", 1),
@@ -139,7 +139,7 @@ def test_container_wrapper_and_job_pieces(tmp_path):
     environ = {"WORK": "/w", "SCRATCH_FAST": "/s", "SWEEP_CONTAINER": "/s/sandbox",
                "SWEEP_VENV": "/s/venv", "SWEEP_CONTAINER_PWD": "/w/code/skyrl-train",
                "SWEEP_ACCOUNT": "ACCT_1"}
-    pieces = leonardo.job_pieces(cell, environ)
+    pieces = leonardo.job_pieces(cell, environ, "/w/runs/g/big")
     wrapper = ["singularity", "exec", "--nv", "--no-home", "--bind", "/w,/s",
                "--pwd", "/w/code/skyrl-train", "/s/sandbox"]
     assert list(pieces.argv_prefix) == wrapper
