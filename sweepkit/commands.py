@@ -100,11 +100,16 @@ def cmd_cancel(session: Session) -> int:
 
 
 def report_grids(session: Session) -> list[str]:
-    """Grid names for ``sweep report``: from the paths' file names, without running the files."""
+    """Grid names for ``sweep report``: from the paths' file names, without running the files.
+
+    With no path, every grid that has runs under the runs dir: a grid never run is not an
+    error then, only when it is named.
+    """
     paths = session.options.paths
-    if not paths and not (session.rootdir / DEFAULT_GRID_DIR).is_dir():
+    if not paths:
         runs = session.runs_dir
-        return sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+        return sorted(p.name for p in runs.iterdir()
+                      if p.is_dir() and not p.name.startswith(".")) if runs.is_dir() else []
     return list(dict.fromkeys(path.stem for path, _ in files_of_args(paths, session.rootdir)))
 
 

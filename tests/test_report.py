@@ -108,3 +108,13 @@ def test_report_of_an_unknown_grid_is_an_error(reported):
     result = sweeper.run("report", "grids/nothing.py")
     assert result.ret != 0
     assert "nothing" in result.stderr
+
+
+def test_bare_report_covers_the_grids_that_ran_and_skips_the_others(reported):
+    # The README's main job: `sweep run grids/one.py && sweep report`, with other grids
+    # in grids/ that never ran.
+    sweeper, _ = reported
+    sweeper.grid("never_run", "import sweepkit as sk\ntarget = sk.command('true')\nbase = sk.base(x=1)\n")
+    result = sweeper.run("report", "--format", "md")
+    assert result.ret == 0, result
+    assert "## g: throughput" in result.stdout and "never_run" not in result.stdout + result.stderr
