@@ -125,3 +125,24 @@ def test_smoke_keeps_a_local_gsm8k_path(tmp_path):
     assert "dataset" not in smoke({"dataset": str(data)}, "trainer")
     assert smoke({"dataset": "gsm8k"}, "trainer")["dataset"] == "synthetic"
     assert smoke({"lr": 1.0}, "command") == {}
+
+
+def test_readme_main_job_runs_the_smoke_grid_and_reports(sweeper):
+    """`sweep run grids/gsm8k_throughput.py --profile smoke && sweep report` in a copy of the
+    project's grids (three of the 18 cells, to stay quick), with the real trainer."""
+    for grid in sorted((REPO / "grids").glob("*.py")):
+        sweeper.write(f"grids/{grid.name}", grid.read_text())
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    sweeper.env.pop("SWEEPKIT_GSM8K", None)
+    run = sweeper.run("run", "grids/gsm8k_throughput.py", "--profile", "smoke",
+                      "-k", "base or tbs128 or combo_C")
+    assert run.ret == 0, run
+    assert "3 passed" in run.stdout
+    report = sweeper.run("report", "--format", "json")
+    assert report.ret == 0, report
+    tables = {item["table"]: item["rows"] for item in map(json.loads, report.stdout.splitlines()[:2])}
+    rows = {row["cell"]: row for row in tables["throughput"]}
+    assert set(rows) == {"base", "tbs128", "combo_C"}
+    assert all(row["status"] == "passed" and row["steps"] == 2 for row in rows.values())
+    assert rows["base"]["delta_vs_base_pct"] == 0 and rows["tbs128"]["delta_vs_base_pct"] is not None
+    assert (sweeper.path / "runs" / "gsm8k_throughput" / "report" / "accuracy.parquet").is_file()
