@@ -34,13 +34,11 @@ values in the docs are examples:
 from __future__ import annotations
 
 import ipaddress
-import os
-import re
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Optional
 
 from sweepkit.hookspec import hookimpl
-from sweepkit_plugins import ckpt_guard, clusters, ray_cluster
+from sweepkit_plugins import clusters, ray_cluster
 
 CLUSTER = clusters.ClusterProfile(
     name="jupiter",
@@ -53,116 +51,6 @@ CLUSTER = clusters.ClusterProfile(
     cpus_per_gpu=72,
     doc="JSC Jupiter booster: 4 x GH200 a node; at most 6 RL cells running",
 )
-
-# -- SkyRL's Hydra config ---------------------------------------------------------------------
-
-#: The flat names grids use, and where SkyRL keeps them. A dotted key is a path already.
-SKYRL_PATHS = {
-    "model": "trainer.policy.model.path",
-    "lr": "trainer.policy.optimizer_config.lr",
-    "epochs": "trainer.epochs",
-    "strategy": "trainer.strategy",
-    "train_batch_size": "trainer.train_batch_size",
-    "policy_mini_batch_size": "trainer.policy_mini_batch_size",
-    "micro_train_batch_size_per_gpu": "trainer.micro_train_batch_size_per_gpu",
-    "micro_forward_batch_size_per_gpu": "trainer.micro_forward_batch_size_per_gpu",
-    "max_prompt_length": "trainer.max_prompt_length",
-    "ckpt_interval": "trainer.ckpt_interval",
-    "resume_mode": "trainer.resume_mode",
-    "advantage_estimator": "trainer.algorithm.advantage_estimator",
-    "use_kl_loss": "trainer.algorithm.use_kl_loss",
-    "kl_loss_coef": "trainer.algorithm.kl_loss_coef",
-    "eps_clip_high": "trainer.algorithm.eps_clip_high",
-    "colocate_all": "trainer.placement.colocate_all",
-    "n_samples_per_prompt": "generator.n_samples_per_prompt",
-    "gpu_memory_utilization": "generator.gpu_memory_utilization",
-    "enforce_eager": "generator.enforce_eager",
-    "num_inference_engines": "generator.num_inference_engines",
-    "inference_tp": "generator.inference_engine_tensor_parallel_size",
-    "backend": "generator.backend",
-    "max_generate_length": "generator.sampling_params.max_generate_length",
-    "temperature": "generator.sampling_params.temperature",
-    "env_class": "environment.env_class",
-}
-_PATH = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)+$")
-_USER_OVERRIDE = re.compile(r"^\+\+(?P<key>[^=\s]+)=(?P<value>.*)$", re.DOTALL)
-_PLAIN = re.compile(r"^[\w./:@+-]+$")
-
-
-def targets_skyrl(cell) -> bool:
-    """True when the cell's command runs a SkyRL entry point (``skyrl_train.entrypoints...``)."""
-    return cell.target.name == "skyrl" or any("skyrl_train" in part for part in cell.target.argv)
-
-
-def hydra_value(value: Any) -> str:
-    """A value in Hydra's override grammar: null, true/false, numbers, quoted strings, lists."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(item) for item in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
-    text = str(value)
-    if _PLAIN.match(text) and text not in ("null", "true", "false"):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def hydra_path(key: str) -> str | None:
-    """Where a cell key lives in SkyRL's config, or None for a bare key Hydra would reject."""
-    if _PATH.match(key):
-        return key
-    return SKYRL_PATHS.get(key)
-
-
-def _target_keys(cell, keys) -> list[str]:
-    return [key for key in keys if key not in cell.launch_keys]
-
-
-def hydra_override_errors(cell) -> list[str]:
-    if not targets_skyrl(cell):
-        return []
-    errors = []
-    for key in _target_keys(cell, cell.diff):
-        if hydra_path(key) is None:
-            errors.append(f"{key!r} is a bare top-level key: Hydra resolves it against the struct "
-                          f"root and fails with ConfigKeyError; name its full path, e.g. "
-                          f"'trainer.{key}' (known flat names: {', '.join(sorted(SKYRL_PATHS))})")
-    for override in cell.launch().get("hydra_overrides") or ():
-        match = _USER_OVERRIDE.match(str(override))
-        if not match or not _PATH.match(match["key"]):
-            errors.append(f"hydra_overrides: {override!r} is not a struct-safe override; write "
-                          "'++section.key=value' with the full dotted path "
-                          "(e.g. '++trainer.enable_db_registration=false')")
-    return errors
-
-
-def hydra_overrides(cell, *, resume: bool = False) -> list[str]:
-    """The Hydra arguments of a SkyRL cell, appended after its entry point (last wins).
-
-    The cell's diff against base (base = the recipe yaml), then the cell's own checkpoint
-    and export paths and its resume mode (``latest`` for a resumed run or a chain link),
-    then the ``hydra_overrides`` launch key verbatim. Empty for a cell that does not
-    target SkyRL.
-    """
-    if not targets_skyrl(cell):
-        return []
-    out = [f"++{hydra_path(key)}={hydra_value(cell.config[key])}"
-           for key in _target_keys(cell, cell.diff) if key in cell.config and hydra_path(key)]
-    root = ckpt_guard.checkpoint_root(cell, os.environ)
-    if root is not None:
-        out.append(f"++trainer.ckpt_path={hydra_value(str(ckpt_guard.cell_ckpt_dir(cell, root)))}")
-        out.append(f"++trainer.export_path={hydra_value(str(ckpt_guard.export_dir(cell, os.environ)))}")
-    mode = "latest" if resume else ckpt_guard.resume_mode_of(cell)
-    if mode is not ckpt_guard.MISSING:
-        out.append(f"++trainer.resume_mode={hydra_value(mode)}")
-    out += [str(override) for override in cell.launch().get("hydra_overrides") or ()]
-    return out
-
 
 # -- rules --------------------------------------------------------------------------------------
 
@@ -217,7 +105,7 @@ def data_parallel_errors(cell) -> list[str]:
 def sweep_validate_cell(cell, session):
     return (clusters.node_count_errors(cell, CLUSTER)
             + clusters.time_limit_errors(cell, CLUSTER.max_time_limit, "Jupiter's booster QOS")
-            + moe_errors(cell) + data_parallel_errors(cell) + hydra_override_errors(cell))
+            + moe_errors(cell) + data_parallel_errors(cell))
 
 
 # -- the job script ----------------------------------------------------------------------------
@@ -268,7 +156,6 @@ LAUNCH_KEYS = (
     ("vllm_dp_size", int, 1, "vLLM data-parallel size of an inference engine"),
     ("dp_master_address", Optional[str], None,
      "vLLM data-parallel master address (None: the Ray head's IPv4; never loopback)"),
-    ("hydra_overrides", list[str], [], "extra '++path=value' Hydra overrides of a SkyRL cell, appended last"),
 )
 
 

@@ -19,8 +19,10 @@ What each link does (:func:`run_link`, the function submitit runs):
   finished the run) is not trained again; the link exits at once and cancels the links
   after it. A cell that another submission took over, or that ``sweep cancel`` marked
   cancelled, is left alone too;
-- otherwise it runs the cell as a resume: ``SWEEP_RESUME=1`` and, for a target with a
-  ``resume_mode`` key, ``resume_mode=latest`` in ``config.json``, so the step count
+- otherwise it runs the cell as a resume: ``SWEEP_RESUME=1``, the job's resumed command
+  (``CellJob.resume_argv``: the plugins' arguments for a resume, such as SkyRL's
+  ``++trainer.resume_mode=latest``) and, for a target with a ``resume_mode`` key,
+  ``resume_mode=latest`` in ``config.json``, so the step count
   continues from the latest checkpoint and nothing is trained twice;
 - when the cell completes it cancels the links still queued behind it; when it fails or
   times out and a link is still to come, the cell is recorded as ``submitted`` again
@@ -48,13 +50,19 @@ def chain_ids(state: st.CellState | None, token: str) -> list[str]:
     return sacct.split_ids([state.submission.job_id])
 
 
+def resumed(job: CellJob) -> CellJob:
+    """The same cell job continuing from the latest checkpoint: its resumed command (a
+    target's resume arguments, e.g. SkyRL's ``++trainer.resume_mode=latest``) and env."""
+    return attrs.evolve(job, argv=job.resume_argv or job.argv, resume=True, env={**job.env, RESUME_ENV: "1"})
+
+
 def as_resume(job: CellJob) -> CellJob:
-    """The same cell job, continuing from the latest checkpoint."""
+    """:func:`resumed`, with ``resume_mode=latest`` written into the cell's ``config.json``."""
     config_path = Path(job.cell_dir) / st.CONFIG_FILE
     config = st.read_json(config_path)
     if isinstance(config, dict) and RESUME_KEY in config and config[RESUME_KEY] != "latest":
         st.write_json(config_path, {**config, RESUME_KEY: "latest"})
-    return attrs.evolve(job, resume=True, env={**job.env, RESUME_ENV: "1"})
+    return resumed(job)
 
 
 def _cancel_after(job: CellJob, link: int) -> None:

@@ -16,10 +16,11 @@ Order of a ``sweep run``:
    cells that ``-k`` / ``-m`` / ``::CELL`` / ``--failed`` left out;
 4. :func:`sweep_validate_cell` for every selected cell; any error stops here;
 5. :func:`sweep_choose_executor` unless ``--executor`` names one;
-6. per cell: :func:`sweep_prepare_cell_dir`, :func:`sweep_cell_env`, for a cluster
+6. per cell: :func:`sweep_cell_env` and :func:`sweep_cell_args` (once with the run's
+   resume flag, once with ``resume=True`` for a chain link), for a cluster
    executor :func:`sweep_job_resources` and :func:`sweep_job_sbatch_options` (once
-   :func:`sweep_job_concurrency_cap` per run), :func:`sweep_cell_started`, then
-   :func:`sweep_cell_finished`;
+   :func:`sweep_job_concurrency_cap` per run), :func:`sweep_prepare_cell_dir`,
+   :func:`sweep_cell_started`, then :func:`sweep_cell_finished`;
 7. :func:`sweep_unconfigure`.
 """
 
@@ -178,6 +179,23 @@ def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, session:
 @hookspec
 def sweep_cell_env(cell: "Cell", session: "Session") -> "dict[str, str]":
     """Extra environment variables for a cell's process; every plugin's dicts are merged."""
+
+
+@hookspec
+def sweep_cell_args(cell: "Cell", resume: bool, session: "Session") -> "list[str]":
+    """Arguments appended to the cell's command line, after the target's own argv.
+
+    :param resume: True when the run continues from the latest checkpoint (a planned
+        resume, or a chain link after the head), False for a fresh run; each cell's
+        job is asked both ways so a chain link gets its resumed command.
+    :return: the arguments (an empty list for a cell the plugin does not know). Every
+        plugin's lists are appended, in pluggy's call order.
+
+    The arguments belong to the target, not to an executor: they are appended on every
+    executor, after a cluster's interpreter and container wrapper have been applied, and
+    a job script lists the full command line. The SkyRL plugin appends its Hydra
+    ``++path=value`` overrides here.
+    """
 
 
 @hookspec

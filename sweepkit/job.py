@@ -35,11 +35,14 @@ class CellJob:
 
     ``env`` is added to the job's inherited environment; it already holds the ``SWEEP_*``
     variables, the hooks' variables and, for GPU placement, ``CUDA_VISIBLE_DEVICES``.
+    ``resume_argv`` is the command of the same cell continued from its latest checkpoint
+    (what a chain link after the head runs); empty: ``argv``.
     """
 
     nodeid: str
     cell_dir: str
     argv: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    resume_argv: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     env: Mapping[str, str] = attrs.field(factory=dict)
     gpus: int = 0
     resume: bool = False
@@ -55,6 +58,11 @@ def current_job_id() -> str | None:
         return str(submitit.JobEnvironment().job_id)
     except (ImportError, RuntimeError, KeyError):
         return None
+
+
+def added_env(job: CellJob) -> dict[str, str]:
+    """The variables the cell's process gets on top of the job's inherited environment."""
+    return {**job.env, "PYTHONUNBUFFERED": "1"}
 
 
 def run_cell(job: CellJob, job_id: str | None = None) -> str:
@@ -101,7 +109,7 @@ def _start_attempt(job: CellJob, directory: Path, job_id: str | None) -> st.Atte
 def _run_child(job: CellJob, directory: Path, lock_fd: int) -> tuple[int | None, str | None, str]:
     # A resumed run keeps the earlier output, so metrics read from stdout stay continuous.
     mode = "a" if job.resume else "w"
-    env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **added_env(job)}
     with open(directory / st.STDOUT_FILE, mode) as stdout, open(directory / st.STDERR_FILE, mode) as stderr:
         # The child shares the lock: if this job process is killed, the cell still counts
         # as running for as long as its command does, so nobody starts it a second time.

@@ -129,14 +129,24 @@ def cell_env(cell, directory: Path, resume: bool, hook_env: list[dict]) -> dict[
     return env
 
 
-def make_job(plan: Plan, executor: str, hook_env: list[dict]) -> CellJob:
+def cell_args(cell, resume: bool, session) -> list[str]:
+    """What the plugins append to the cell's command (``sweep_cell_args``), in order."""
+    return [str(arg) for args in session.hook.sweep_cell_args(cell=cell, resume=resume, session=session)
+            for arg in args or ()]
+
+
+def make_job(plan: Plan, executor: str, session) -> CellJob:
+    """The job of a planned cell: the target's argv with the plugins' arguments appended
+    (and, as ``resume_argv``, with those of a resumed run, which a chain link runs)."""
     resume = plan.action == RESUME
     cell = plan.cell
+    command = cell.target.render_argv(**paths(plan.directory))
     return CellJob(
         nodeid=cell.nodeid,
         cell_dir=str(plan.directory),
-        argv=cell.target.render_argv(**paths(plan.directory)),
-        env=cell_env(cell, plan.directory, resume, hook_env),
+        argv=command + cell_args(cell, resume, session),
+        resume_argv=command + cell_args(cell, True, session),
+        env=cell_env(cell, plan.directory, resume, session.hook.sweep_cell_env(cell=cell, session=session)),
         gpus=int(cell.launch().get("gpus") or 0),
         resume=resume,
         token=uuid.uuid4().hex,

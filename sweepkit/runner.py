@@ -101,7 +101,7 @@ def run_cells(session, cells) -> int:
         except pl.PlanError as error:  # the state changed since validation
             file, line = cell.location
             errors.append(f"{file}:{line}: {cell.name}: {error}")
-    jobs = {plan.cell.nodeid: executor.bind(pl.make_job(plan, executor.name, _hook_env(session, plan.cell)), plan.cell)
+    jobs = {plan.cell.nodeid: executor.bind(pl.make_job(plan, executor.name, session), plan.cell)
             for plan in plans if plan.action in (pl.FRESH, pl.RESUME)}
     for plan in plans:
         problem = executor.check(jobs[plan.cell.nodeid]) if plan.cell.nodeid in jobs else None
@@ -115,10 +115,6 @@ def run_cells(session, cells) -> int:
     if options.detach and not executor.jobs_outlive_driver:
         return start_background_driver(session, len(jobs))
     return Run(session, executor, plans, jobs).execute()
-
-
-def _hook_env(session, cell) -> list[dict]:
-    return session.hook.sweep_cell_env(cell=cell, session=session)
 
 
 def dry_run(session, plans, jobs, executor: Executor) -> int:
@@ -274,8 +270,7 @@ class Run:
             self._finish(tracked, "failed", str(error))
             return
         tracked.plan = plan
-        tracked.job = self.executor.bind(pl.make_job(plan, self.executor.name, _hook_env(self.session, plan.cell)),
-                                         plan.cell)
+        tracked.job = self.executor.bind(pl.make_job(plan, self.executor.name, self.session), plan.cell)
         if plan.action == pl.ATTACH or not self._prepare(tracked):
             self._attach(tracked)
         else:

@@ -1,4 +1,5 @@
-"""Jupiter's rules through the real ``sweep`` command; Hydra overrides; cluster selection."""
+"""Jupiter's rules through the real ``sweep`` command (with the SkyRL plugin's override checks);
+cluster selection."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_cells_within_the_rules_pass(rules_run, cell):
     assert errors_of(rules_run, cell) == [], rules_run
 
 
-def _cells(sweeper: Sweeper):
+def collected_cells(sweeper: Sweeper):
     """The collected cells of the grid, through the real collection and plugins."""
     from sweepkit.cli import start_session
     from sweepkit.collect import collect
@@ -70,33 +71,13 @@ def _cells(sweeper: Sweeper):
     return session, {cell.name: cell for cell in collect(session, [str(sweeper.path / "grids")]).cells}
 
 
-def test_hydra_overrides_come_from_the_diff(sweeper, monkeypatch):
+def test_job_pieces_of_a_multi_node_cell(sweeper):
     sweeper.grid("rules", RULES_GRID)
-    monkeypatch.setenv("CHECKPOINTS_DIR", str(sweeper.path / "ckpts"))
-    session, cells = _cells(sweeper)
-    assert jupiter.hydra_overrides(cells["dotted"]) == [
-        "++trainer.enable_db_registration=false",
-        "++generator.sampling_params.temperature=1.0",
-        f"++trainer.ckpt_path={sweeper.path / 'ckpts' / 'rules' / 'dotted'}",
-        f"++trainer.export_path={sweeper.path / 'ckpts' / 'rules' / 'dotted' / 'export'}",
-        "++trainer.resume_mode=null",
-        "++generator.engine_init_kwargs.max_model_len=65536",
-    ]
-    # Launch keys (num_nodes, fsdp_size, ...) never become overrides; a chain link resumes.
-    base = jupiter.hydra_overrides(cells["base"], resume=True)
-    assert base[-1] == "++trainer.resume_mode=latest" and len(base) == 3
+    session, cells = collected_cells(sweeper)
     pieces = clusters.job_pieces(cells["base"], session)
     assert (pieces.cluster, pieces.nodes, pieces.time_limit) == ("jupiter", 6, "11:59:00")
     assert "sweep_node_0" in pieces.ray_bringup
     assert clusters.concurrency_cap(session) == 6
-
-
-@pytest.mark.parametrize("value, text", [
-    (None, "null"), (True, "true"), (3e-5, "3e-05"), ("a b", "'a b'"), (["x", 1], "[x,1]"),
-    ("it's", "'it\\'s'"), ("null", "'null'"),
-])
-def test_hydra_values(value, text):
-    assert jupiter.hydra_value(value) == text
 
 
 def active_plugins(stdout: str) -> set[str]:
