@@ -5,7 +5,7 @@ tests/test_cluster_scripts.py``); refusals on that same path; the README's plugi
 
 The environment is a fixed fake one under the test's tmp dir, with the seeds' layout
 (``$WORK``, ``$SCRATCH_FAST``, a sandbox and a venv on scratch, ...); the golden files show
-the tmp dir as ``<tmp>`` and the interpreter as ``<python>``.
+the tmp dir as ``<tmp>``, this checkout as ``<repo>`` and the interpreter as ``<python>``.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ class Rendered:
         return self.scripts[name].read_text()
 
     def normalised(self, name: str) -> str:
-        return self.text(name).replace(shlex.quote(sys.executable), "<python>").replace(str(self.root), "<tmp>")
+        return (self.text(name).replace(shlex.quote(sys.executable), "<python>").replace(str(self.root), "<tmp>")
+                .replace(str(REPO), "<repo>"))
 
     def argv(self, cell: str) -> list[str]:
         lines = self.result.stdout.splitlines()

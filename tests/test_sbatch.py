@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,29 +38,85 @@ def cluster_request(**changes) -> sb.JobRequest:
     return sb.JobRequest(**values)
 
 
+HOSTILE = ('$(id)', '"; rm -rf ~"', "`reboot`; echo 'x'")
+
+
+def script_cell(name: str, *args: str, **env: str) -> sb.ScriptCell:
+    cell_dir = f"/project/runs/g/{name}"
+    return sb.ScriptCell(nodeid=f"grids/g.py::{name}", cell_dir=cell_dir,
+                         argv=[PYTHON, "-m", "skyrl_train.entrypoints.main_base", *args],
+                         env={"SWEEP_CELL": f"grids/g.py::{name}", "SWEEP_CELL_DIR": cell_dir, **env})
+
+
 def test_single_node_cell_script():
-    check_golden("single_node.sbatch", sb.render(cluster_request(), folder=FOLDER, python=PYTHON))
+    cell = script_cell("base", "++trainer.epochs=1", f"++trainer.run_name={HOSTILE[1]}", ODD=HOSTILE[0])
+    check_golden("single_node.sbatch", sb.render(cluster_request(), folder=FOLDER, python=PYTHON, cells=[cell]))
 
 
 def test_array_of_equal_cells_script():
     request = sb.JobRequest(name=sb.job_name("g", "tbs64+3"), cpus=1, mem_gb=0.5, time_limit="00:30:00")
-    check_golden("array.sbatch", sb.render(request, folder=FOLDER, python=PYTHON, array=(4, 2)))
+    cells = [script_cell(f"tbs{size}", f"++trainer.train_batch_size={size}") for size in (64, 128, 256, 512)]
+    check_golden("array.sbatch", sb.render(request, folder=FOLDER, python=PYTHON, array=(4, 2), cells=cells))
 
 
 def test_chain_link_script_depends_on_the_previous_link():
     request = cluster_request(chain=3, options={}, preamble=(), env={})
-    text = sb.render(request, folder=FOLDER, python=PYTHON, dependency=sb.dependency_after(["4180233"]))
+    cell = script_cell("base", "++trainer.resume_mode=latest", SWEEP_RESUME="1")
+    text = sb.render(request, folder=FOLDER, python=PYTHON, dependency=sb.dependency_after(["4180233"]),
+                     cells=[cell])
     check_golden("chain_link.sbatch", text)
 
 
-def test_values_reach_the_script_quoted_as_data():
-    text = sb.render(cluster_request(), folder=FOLDER, python=PYTHON)
+def commented(text: str) -> list[str]:
+    """The lines of the comment block that lists what runs."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("# command: submitit runs"))
+    return lines[start:lines.index("export SUBMITIT_EXECUTOR=slurm")]
+
+
+def test_values_reach_the_script_quoted_as_data(tmp_path):
+    cell = script_cell("base", *(f"++trainer.note={value}" for value in HOSTILE),
+                       **{f"HOSTILE_{n}": value for n, value in enumerate(HOSTILE)})
+    text = sb.render(cluster_request(), folder=FOLDER, python=PYTHON, cells=[cell])
     exports = [line for line in text.splitlines() if line.startswith("export ODD=")]
     assert exports == ["export ODD=" + shlex.quote("$(id); rm -rf ~")]
     assert shlex.split(exports[0].removeprefix("export "))[0] == "ODD=$(id); rm -rf ~"
     # The cluster's own #SBATCH line is in the header, before the first command.
     lines = text.splitlines()
     assert lines.index("#SBATCH --reservation=reformo") < lines.index("module load cuda/12.4")
+    # The listed command and env are comments, and paste back to exactly what runs.
+    block = commented(text)
+    assert all(line.startswith("#") for line in block)
+    (command,) = [line for line in block if line.startswith("#   command: ")]
+    assert shlex.split(command.removeprefix("#   command: ")) == list(cell.argv)
+    listed = dict(line.removeprefix("#   env:     ").split("=", 1) for line in block if line.startswith("#   env:"))
+    assert {name: shlex.split(value)[0] for name, value in listed.items()} == dict(cell.env)
+    # bash runs the script's commands and nothing from the comments: with sbatch, srun and
+    # the job runner's python stubbed, the only commands that run are the script's own.
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("sbatch", "srun", "module", "id", "reboot", "rm", "echo"):
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/ran\n')
+        (stubs / name).chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    run = subprocess.run([shutil.which("bash"), str(script)], env={"PATH": str(stubs), "HOME": str(tmp_path / "home")},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    ran = (tmp_path / "ran").read_text().splitlines()
+    assert [line.split()[0] for line in ran] == ["module", "srun"]
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("argv", [PYTHON, "++trainer.run_name=a\nrm -rf ~"]),
+    ("env", {"NOTE": "$(id)\rrm -rf ~"}),
+    ("cell_dir", "/runs/g/x\nreboot"),
+])
+def test_a_listed_value_with_a_line_break_is_refused(field, value):
+    values = {"nodeid": "grids/g.py::base", "cell_dir": "/runs/g/base", "argv": [PYTHON], "env": {}, field: value}
+    with pytest.raises(sb.RequestError, match="line break"):
+        sb.ScriptCell(**values)
 
 
 @pytest.mark.parametrize(("changes", "message"), [

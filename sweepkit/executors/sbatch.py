@@ -4,12 +4,14 @@ The script is what submitit would write, with sweepkit's layout: the ``#SBATCH``
 from a :class:`JobRequest`, the setup (a cluster's preamble, its exported variables, a
 Ray bring-up for multi-node cells), then ``srun`` of submitit's job runner on one task
 of node 0 (the cell's own command starts its workers, or uses the Ray cluster). The
-cell's command, config and environment are not in the script: they travel in submitit's
-pickle, so no config value is ever parsed by a shell.
+cell's command and environment travel in submitit's pickle, so no config value is ever
+parsed by a shell; the script lists them in comments (:class:`ScriptCell`: per cell, per
+array task) so a user reads there exactly what would run.
 
 What does reach the script is quoted: every ``#SBATCH`` value and every exported value goes
-through ``shlex.quote``, and a value with a line break, which would end the header and
-become a shell command, is refused when the request is made.
+through ``shlex.quote``, and a value with a line break, which would end the header (or a
+comment) and become a shell command, is refused when the request is made. The listed
+commands and variables are quoted the same way; inside a comment they are inert anyway.
 
 No ``--signal`` line: submitit's warning signal makes a job that is not checkpointable
 fail early as "timed-out and not checkpointable" (docs/local-slurm.md), whereas without
@@ -44,8 +46,8 @@ def job_name(grid: str, cell: str) -> str:
 
 def _check_text(key: str, value: object) -> None:
     if any(char in str(value) for char in "\n\r\0"):
-        raise RequestError(f"{key}: {value!r} has a line break or NUL, which would end the job script's "
-                           "header; give it on one line")
+        raise RequestError(f"{key}: {value!r} has a line break or NUL, which would end its line of the "
+                           "job script (a header or comment line) and run the rest as a command; give it on one line")
 
 
 def _tuple(value) -> tuple:
@@ -106,6 +108,52 @@ class JobRequest:
         return attrs.evolve(self, name="")
 
 
+def _env_pairs(value) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(_pairs(value)))
+
+
+@attrs.frozen(kw_only=True)
+class ScriptCell:
+    """What the job function runs for one cell, listed in the job script's comments:
+    the cell's node id, its dir (the command's working dir), its full command line (a
+    container wrapper, the interpreter, the target's argv, the plugins' arguments) and the
+    variables added to the job's environment, sorted by name."""
+
+    nodeid: str
+    cell_dir: str
+    argv: tuple[str, ...] = attrs.field(converter=_tuple)
+    env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_env_pairs)
+
+    def __attrs_post_init__(self):
+        _check_text("cell", self.nodeid)
+        _check_text("cell dir", self.cell_dir)
+        for n, arg in enumerate(self.argv):
+            _check_text(f"command argument {n}", arg)
+        for name, value in self.env:
+            _check_text(f"env {name}", f"{name}={value}")
+
+    def comment(self, task: int | None = None) -> list[str]:
+        lines = [("" if task is None else f"task {task}: ") + f"cell {self.nodeid}",
+                 f"  dir:     {shlex.quote(self.cell_dir)}", f"  command: {shlex.join(self.argv)}"]
+        lines += [f"  env:     {name}={shlex.quote(value)}" for name, value in self.env]
+        return ["# " + line for line in lines]
+
+
+def cells_comment(cells: Sequence[ScriptCell], *, array: bool) -> list[str]:
+    """The comment block listing what runs: one cell, or one per array task index."""
+    if not cells:
+        return ["# command: submitit runs sweepkit's job function, which runs the cell"]
+    if array:
+        lines = ["# command: submitit runs sweepkit's job function, which runs the command of task",
+                 "# $SLURM_ARRAY_TASK_ID in its cell's dir, with these variables added to the job's environment:"]
+    else:
+        lines = ["# command: submitit runs sweepkit's job function, which runs this command in the cell's",
+                 "# dir, with these variables added to the job's environment:"]
+    for task, cell in enumerate(cells):
+        lines += ["#"] + cell.comment(task if array else None)
+    return lines + ["#"]
+
+
 def _flag(name: str, value: object) -> str:
     if value == "":
         return f"{SBATCH_PREFIX} --{name}"
@@ -144,13 +192,14 @@ def header(request: JobRequest, *, folder: str, array: tuple[int, int | None] | 
 
 
 def render(request: JobRequest, *, folder: str, python: str, array: tuple[int, int | None] | None = None,
-           dependency: str | None = None) -> str:
+           dependency: str | None = None, cells: Sequence[ScriptCell] = ()) -> str:
     """The whole job script; ``folder`` holds submitit's pickles and the job's logs,
-    ``python`` runs submitit's job runner (a shell word, already quoted if need be)."""
+    ``python`` runs submitit's job runner (a shell word, already quoted if need be),
+    ``cells`` are listed before the command (for an array, in task order)."""
     preamble_flags = [line for line in request.preamble if line.lstrip().startswith(SBATCH_PREFIX)]
     preamble = [line for line in request.preamble if not line.lstrip().startswith(SBATCH_PREFIX)]
-    lines = ["#!/bin/bash", f"# sweepkit job {request.name}: submitted through submitit; the cell's command,",
-             "# config and environment are in submitit's pickle, not in this script", ""]
+    lines = ["#!/bin/bash", f"# sweepkit job {request.name}: submitted through submitit; what the job runs (the",
+             "# cell's command and environment, carried in submitit's pickle) is listed above the srun line", ""]
     # sbatch reads #SBATCH lines only before the first command, so a cluster's own ones go here.
     lines += header(request, folder=folder, array=array, dependency=dependency) + preamble_flags
     if preamble or request.env:
@@ -163,8 +212,8 @@ def render(request: JobRequest, *, folder: str, python: str, array: tuple[int, i
     if request.ray_bringup:
         srun.append("--overlap")  # the Ray workers' steps hold the other nodes
     command = " ".join([shlex.join(srun), python, "-u", "-m", "submitit.core._submit", shlex.quote(folder)])
-    lines += ["", "# command: submitit runs sweepkit's job function, which runs the cell",
-              "export SUBMITIT_EXECUTOR=slurm", command, ""]
+    lines += [""] + cells_comment(cells, array=array is not None)
+    lines += ["export SUBMITIT_EXECUTOR=slurm", command, ""]
     return "\n".join(lines)
 
 

@@ -11,6 +11,11 @@ wrapper, env, Ray bring-up) and ``sweep_job_sbatch_options``. What is submitted:
 - other cells of one grid with equal requests: one job array, ``%P`` being the
   concurrency cap's free slots (no ``%`` without a cap); a lone cell is a plain job.
 
+Every job script lists, in comments, what each of its cells runs (array: per task index;
+chain link: the resumed command): the command line with the cluster's container wrapper
+and interpreter and the plugins' arguments (``sweep_cell_args``), the cell dir and the
+variables the job function adds (:class:`~sweepkit.executors.sbatch.ScriptCell`).
+
 The cap (``--max-parallel N``, else the ``sweep_job_concurrency_cap`` hook, else none)
 is counted over every job this runs dir has in the queue, under the runs dir's submit
 lock (:mod:`sweepkit.executors.slurm_jobs`): :meth:`take` acquires the lock when it hands
@@ -41,14 +46,14 @@ import attrs
 from sweepkit import failures
 from sweepkit import plan as pl
 from sweepkit import state as st
-from sweepkit.chain import run_link
+from sweepkit.chain import resumed, run_link
 from sweepkit.errors import UsageError
 from sweepkit.executors import sacct
 from sweepkit.executors import sbatch as sb
 from sweepkit.executors.base import DONE, QUEUED, RUNNING, Executor, Handle
 from sweepkit.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, SLURM_DIR, Submission, alive
 from sweepkit.hookspec import hookimpl
-from sweepkit.job import CellJob
+from sweepkit.job import CellJob, added_env
 from sweepkit.launch import parse_time_limit
 
 SLURM_ENV = "SWEEP_SLURM"
@@ -106,16 +111,34 @@ def request_for(cell, session) -> sb.JobRequest:
 
 
 def wrap_argv(job: CellJob, cell, session) -> CellJob:
-    """A cluster's interpreter for ``{python}`` and its container wrapper around the command."""
+    """A cluster's interpreter for ``{python}`` and its container wrapper around the command
+    (and around the resumed command of a chain link); the plugins' arguments stay last."""
     pieces = session.hook.sweep_job_resources(cell=cell, session=session)
     python = getattr(pieces, "python", None) if pieces is not None else None
     prefix = tuple(getattr(pieces, "argv_prefix", ()) or ()) if pieces is not None else ()
     if python is None and not prefix:
         return job
-    argv = list(job.argv)
-    if python is not None:
-        argv = cell.target.render_argv(**{**pl.paths(Path(job.cell_dir)), "python": python})
-    return attrs.evolve(job, argv=(*prefix, *argv))
+
+    def wrapped(argv: Sequence[str]) -> tuple[str, ...]:
+        if python is not None:
+            # render_argv keeps one part per template part; what follows is the plugins'.
+            target = cell.target.render_argv(**{**pl.paths(Path(job.cell_dir)), "python": python})
+            argv = [*target, *argv[len(cell.target.argv):]]
+        return (*prefix, *argv)
+
+    return attrs.evolve(job, argv=wrapped(job.argv), resume_argv=wrapped(job.resume_argv) if job.resume_argv else ())
+
+
+def script_cell(job: CellJob) -> sb.ScriptCell:
+    """What ``job`` runs, as its job script lists it."""
+    return sb.ScriptCell(nodeid=job.nodeid, cell_dir=job.cell_dir, argv=job.argv, env=added_env(job))
+
+
+def script_cells(unit_kind: str, jobs: Sequence[CellJob], link: int = 0) -> list[sb.ScriptCell]:
+    """The cells a job script of a unit lists: a chain link after the head runs its cell resumed."""
+    if unit_kind == CHAIN and link > 0:
+        return [script_cell(resumed(job)) for job in jobs]
+    return [script_cell(job) for job in jobs]
 
 
 # -- grouping into submissions -------------------------------------------------------------
@@ -171,10 +194,11 @@ def _submitter_class():
         """submitit's SLURM executor writing sweepkit's job script (see ``sbatch.render``),
         one task per job, arrays of any size."""
 
-        def __init__(self, folder: Path, request: sb.JobRequest, *, dependency: str | None = None,
-                     parallelism: int | None = None):
+        def __init__(self, folder: Path, request: sb.JobRequest, cells: Sequence[sb.ScriptCell], *,
+                     dependency: str | None = None, parallelism: int | None = None):
             super().__init__(folder=folder, max_num_timeout=0)
             self.request = request
+            self.cells = list(cells)
             self.dependency = dependency
             self.parallelism = parallelism
             self.array_size: int | None = None
@@ -187,7 +211,7 @@ def _submitter_class():
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             array = (self.array_size, self.parallelism) if self.array_size else None
             return sb.render(self.request, folder=str(self.folder), python=self.python, array=array,
-                             dependency=self.dependency)
+                             dependency=self.dependency, cells=self.cells)
 
         def _internal_process_submissions(self, delayed_submissions):
             if len(delayed_submissions) == 1:
@@ -240,11 +264,16 @@ class SlurmExecutor(Executor):
     def bind(self, job: CellJob, cell) -> CellJob:
         try:
             request = request_for(cell, self.session)
+            job = wrap_argv(job, cell, self.session)
+            # A line break in the command or env, which would end the script's comment, is
+            # refused now rather than at submit time.
+            script_cell(job)
+            script_cell(resumed(job))
         except (sb.RequestError, ValueError) as error:
             file, line = cell.location
             raise UsageError(f"{file}:{line}: {cell.name}: cannot make its SLURM job: {error}") from None
         self._requests[job.token] = request
-        return wrap_argv(job, cell, self.session)
+        return job
 
     # -- taking cells under the cap --------------------------------------------------------
 
@@ -323,7 +352,7 @@ class SlurmExecutor(Executor):
             job = unit.jobs[0]
             ids: list[str] = []
             for link in range(unit.request.chain):
-                submitter = submitter_class(folder, unit.request,
+                submitter = submitter_class(folder, unit.request, script_cells(CHAIN, unit.jobs, link),
                                             dependency=sb.dependency_after(ids[-1:]) if ids else None)
                 ids.append(str(submitter.submit(run_link, job, link, unit.request.chain).job_id))
                 if link == 0:
@@ -331,7 +360,8 @@ class SlurmExecutor(Executor):
             chain = ",".join(ids)
             self._register(CHAIN, chain, unit.jobs, [chain], now)
             return [chain]
-        submitter = submitter_class(folder, unit.request, parallelism=parallelism)
+        submitter = submitter_class(folder, unit.request, script_cells(unit.kind, unit.jobs),
+                                    parallelism=parallelism)
         if unit.kind == JOB:
             job_id = str(submitter.submit(run_link, unit.jobs[0]).job_id)
             self._register(JOB, job_id, unit.jobs, [job_id], now)
@@ -426,12 +456,14 @@ class SlurmExecutor(Executor):
                     path = target / (f"{unit.request.name}.sbatch" if link == 0 else
                                      f"{unit.request.name}.link{link}.sbatch")
                     path.write_text(sb.render(unit.request, folder=folder, python=python,
-                                              dependency=sb.dependency_after([PREVIOUS_LINK]) if link else None))
+                                              dependency=sb.dependency_after([PREVIOUS_LINK]) if link else None,
+                                              cells=script_cells(CHAIN, unit.jobs, link)))
                     written.append(path)
                 continue
             array = (len(unit.jobs), self.cap) if unit.kind == ARRAY else None
             path = target / f"{unit.request.name}.sbatch"
-            path.write_text(sb.render(unit.request, folder=folder, python=python, array=array))
+            path.write_text(sb.render(unit.request, folder=folder, python=python, array=array,
+                                      cells=script_cells(unit.kind, unit.jobs)))
             written.append(path)
         return written
 

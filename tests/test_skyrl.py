@@ -1,0 +1,161 @@
+"""The SkyRL target: Hydra overrides from a cell's diff, appended to the command on every
+executor (a stand-in ``skyrl_train`` entry point records the argv it got), fresh and
+resumed, and listed in the job scripts of a cluster's dry run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+
+import pytest
+
+from conftest import Sweeper
+from sweepkit_plugins import skyrl
+from test_cluster_scripts import dry_run, ok
+from test_jupiter import RULES_GRID, collected_cells
+from test_slurm_executor import DEADLINE_S, cluster, on_cluster  # noqa: F401 (cluster: a fixture)
+
+# Stands in for SkyRL's entry point: records its arguments, leaves a checkpoint and fails on
+# a fresh run (so the next run can --resume), succeeds on a resumed one.
+STAND_IN = '''
+import json, os, sys
+with open(os.path.join(os.environ["SWEEP_CELL_DIR"], "argv.jsonl"), "a") as seen:
+    seen.write(json.dumps(sys.argv[1:]) + "\\n")
+if "++trainer.resume_mode=latest" not in sys.argv:
+    os.makedirs(os.path.join(os.environ["SWEEP_CKPT_DIR"], "global_step_1"))
+    sys.exit("stand-in: stopped after step 1")
+'''
+
+GRID = '''
+import sweepkit as sk
+target = sk.command("{python}", "-m", "skyrl_train.entrypoints.main_base")
+base = sk.base(model="Qwen/Qwen2.5-1.5B-Instruct", lr=1e-6)
+tuned = sk.cell(lr=3e-6, **{"generator.sampling_params.temperature": 1.0},
+                hydra_overrides=["++trainer.enable_db_registration=false"])
+'''
+
+TUNED = ["++trainer.policy.optimizer_config.lr=3e-06", "++generator.sampling_params.temperature=1.0"]
+USER = ["++trainer.enable_db_registration=false"]
+
+
+def stand_in_project(sweeper: Sweeper) -> None:
+    # The project dir is on the cells' PYTHONPATH (see conftest), so `-m` finds the package.
+    sweeper.write("skyrl_train/__init__.py", "")
+    sweeper.write("skyrl_train/entrypoints/__init__.py", "")
+    sweeper.write("skyrl_train/entrypoints/main_base.py", textwrap.dedent(STAND_IN))
+    sweeper.grid("agentic", GRID)
+    sweeper.env.update({"CUDA_VISIBLE_DEVICES": "", "CHECKPOINTS_DIR": "", "SWEEP_CLUSTER": ""})
+
+
+def seen_argv(sweeper: Sweeper, cell: str) -> list[list[str]]:
+    lines = (sweeper.path / "runs" / "agentic" / cell / "argv.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("executor", ["local", "debug"])
+def test_the_entry_point_gets_the_overrides_fresh_then_resumed(sweeper, executor):
+    stand_in_project(sweeper)
+    fresh = sweeper.run("run", "grids/agentic.py::tuned", "--executor", executor)
+    assert fresh.ret != 0 and "stand-in: stopped after step 1" in fresh.output, fresh
+    resumed = sweeper.run("run", "grids/agentic.py::tuned", "--executor", executor, "--resume")
+    assert resumed.ret == 0, resumed
+    # An unset resume mode still reaches SkyRL explicitly: null fresh, latest on --resume.
+    assert seen_argv(sweeper, "tuned") == [TUNED + ["++trainer.resume_mode=null"] + USER,
+                                           TUNED + ["++trainer.resume_mode=latest"] + USER]
+
+
+def test_a_cell_equal_to_base_gets_only_its_resume_mode(sweeper):
+    stand_in_project(sweeper)
+    sweeper.run("run", "grids/agentic.py::base", "--executor", "local")
+    assert seen_argv(sweeper, "base") == [["++trainer.resume_mode=null"]]
+
+
+def test_the_dry_run_lists_the_overrides_on_jupiter(sweeper):
+    sweeper.grid("agentic", GRID.replace("lr=1e-6)", "lr=1e-6, resume_mode=None, num_gpus=4)"))
+    rendered = ok(dry_run(sweeper, "jupiter", "grids/agentic.py::tuned"))
+    root = sweeper.path.parent
+    ckpt = root / "e/scratch/jureap59/user/checkpoints/agentic/tuned"
+    expected = TUNED + [f"++trainer.ckpt_path={ckpt}", f"++trainer.export_path={ckpt / 'export'}",
+                        "++trainer.resume_mode=null"] + USER
+    argv = rendered.argv("tuned")
+    assert argv[1:3] == ["-m", skyrl.ENTRY_POINT] and argv[3:] == expected
+    # The job script lists the same command line, pasteable as it is.
+    lines = rendered.text("agentic_tuned.sbatch").splitlines()
+    (command,) = [line for line in lines if line.startswith("#   command: ")]
+    assert shlex.split(command.removeprefix("#   command: ")) == argv
+    assert "# cell grids/agentic.py::tuned" in lines
+
+
+def test_an_override_with_a_line_break_is_refused_before_any_script(sweeper):
+    sweeper.grid("agentic", GRID.replace("lr=1e-6)", "lr=1e-6, resume_mode=None, num_gpus=4)")
+                 + 'multiline = sk.cell(hydra_overrides=["++trainer.run_name=a\\nrm -rf ~"])\n')
+    rendered = dry_run(sweeper, "jupiter", "grids/agentic.py::multiline")
+    assert rendered.result.ret != 0 and not rendered.scripts, rendered.result
+    assert "multiline: cannot make its SLURM job: command argument " in rendered.result.output
+    assert "has a line break" in rendered.result.output
+
+
+def test_a_chain_link_lists_the_resumed_command(sweeper):
+    sweeper.grid("agentic", GRID.replace("lr=1e-6)", "lr=1e-6, resume_mode=None, num_gpus=4, "
+                                                     "time_limit='11:59:00', max_restarts=1)"))
+    rendered = ok(dry_run(sweeper, "jupiter", "grids/agentic.py::tuned"))
+
+    def listed(name: str) -> tuple[list[str], list[str]]:
+        lines = rendered.text(name).splitlines()
+        (command,) = [line for line in lines if line.startswith("#   command: ")]
+        return shlex.split(command.removeprefix("#   command: ")), [line for line in lines if "SWEEP_RESUME" in line]
+
+    head, head_env = listed("agentic_tuned.sbatch")
+    link, link_env = listed("agentic_tuned.link1.sbatch")
+    assert "++trainer.resume_mode=null" in head and "++trainer.resume_mode=latest" not in head
+    assert link == [arg.replace("resume_mode=null", "resume_mode=latest") for arg in head]
+    assert head_env == ["#   env:     SWEEP_RESUME=0"] and link_env == ["#   env:     SWEEP_RESUME=1"]
+
+
+def test_hydra_overrides_come_from_the_diff(sweeper, monkeypatch):
+    sweeper.grid("rules", RULES_GRID)
+    monkeypatch.setenv("CHECKPOINTS_DIR", str(sweeper.path / "ckpts"))
+    session, cells = collected_cells(sweeper)
+    assert skyrl.hydra_overrides(cells["dotted"]) == [
+        "++trainer.enable_db_registration=false",
+        "++generator.sampling_params.temperature=1.0",
+        f"++trainer.ckpt_path={sweeper.path / 'ckpts' / 'rules' / 'dotted'}",
+        f"++trainer.export_path={sweeper.path / 'ckpts' / 'rules' / 'dotted' / 'export'}",
+        "++trainer.resume_mode=null",
+        "++generator.engine_init_kwargs.max_model_len=65536",
+    ]
+    # Launch keys (num_nodes, fsdp_size, ...) never become overrides; a chain link resumes.
+    base = skyrl.hydra_overrides(cells["base"], resume=True)
+    assert base[-1] == "++trainer.resume_mode=latest" and len(base) == 3
+
+
+def test_an_explicit_resume_mode_is_kept_on_a_fresh_run(sweeper):
+    sweeper.grid("rules", RULES_GRID + 'continue_run = sk.cell(resume_mode="latest")\n')
+    _, cells = collected_cells(sweeper)
+    overrides = skyrl.hydra_overrides(cells["continue_run"])
+    assert [arg for arg in overrides if "resume_mode" in arg] == ["++trainer.resume_mode=latest"]
+
+
+@pytest.mark.parametrize("value, text", [
+    (None, "null"), (True, "true"), (3e-5, "3e-05"), ("a b", "'a b'"), (["x", 1], "[x,1]"),
+    ("it's", "'it\\'s'"), ("null", "'null'"),
+])
+def test_hydra_values(value, text):
+    assert skyrl.hydra_value(value) == text
+
+
+@on_cluster
+def test_a_chain_link_on_slurm_runs_the_resumed_command(sweeper):
+    stand_in_project(sweeper)
+    sweeper.grid("agentic", GRID.replace("lr=1e-6)", "lr=1e-6, cpus=1, mem_gb=0.25, time_limit='00:05:00', "
+                                                     "max_restarts=1)"))
+    result = sweeper.run("run", "grids/agentic.py::tuned", "--executor", "slurm", timeout=DEADLINE_S)
+    assert result.ret == 0, result
+    # The head stopped after a checkpoint; its link resumed it from there.
+    assert seen_argv(sweeper, "tuned") == [TUNED + ["++trainer.resume_mode=null"] + USER,
+                                           TUNED + ["++trainer.resume_mode=latest"] + USER]
+    scripts = sorted((sweeper.path / "runs" / "agentic" / ".slurm").glob("*_submission.sh"))
+    listed = [line for script in scripts for line in script.read_text().splitlines()
+              if line.startswith("#   command: ")]
+    assert [shlex.split(line.removeprefix("#   command: "))[3:] for line in listed] == seen_argv(sweeper, "tuned")
