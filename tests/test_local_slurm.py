@@ -88,24 +88,40 @@ def wait_until_state(job_id: str, wanted: str) -> None:
         time.sleep(0.5)
 
 
+def state_dir() -> Path:
+    return Path(os.environ.get("SWEEPKIT_SLURM_DIR", "/var/lib/sweepkit-slurm"))
+
+
+def pid_file(daemon: str) -> Path:
+    return state_dir() / "run" / "slurm" / f"{daemon}.pid"
+
+
 def logs_hint() -> str:
-    return f"see logs in {os.environ.get('SWEEPKIT_SLURM_DIR', '/var/lib/sweepkit-slurm')}/log"
+    return f"see logs in {state_dir() / 'log'}"
 
 
 def daemon_pids(program: str) -> list[int]:
-    """Top-level processes named `program`; slurmctld briefly shows its own
-    name in the helper it forks (slurmscriptd), which is not a second daemon."""
+    """Live top-level processes named `program`.
+
+    slurmctld briefly shows its own name in the helper it forks (slurmscriptd),
+    which is not a second daemon. Zombies are left out: a daemonizing program's
+    intermediate forks, and a stopped daemon, are orphans of PID 1 and stay in
+    the process table until it reaps them, which some init processes do only
+    every second or two; a zombie has exited and holds no port."""
     out = subprocess.run(["pgrep", "-x", program], capture_output=True, text=True).stdout
     pids = [int(pid) for pid in out.split()]
-    return [pid for pid in pids if parent_pid(pid) not in pids]
+    live = {pid: stat for pid in pids if (stat := proc_stat(pid)) and stat[0] not in ("Z", "X")}
+    return [pid for pid, (_, parent) in live.items() if parent not in pids]
 
 
-def parent_pid(pid: int) -> int:
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, or None once it is gone."""
     try:
         # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may contain spaces.
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
     except (FileNotFoundError, ProcessLookupError):
-        return 0
+        return None
+    return state, int(ppid)
 
 
 def submitit_final_state(job: submitit.Job) -> str:
@@ -163,10 +179,27 @@ def test_controller_restart_keeps_a_running_job(cluster: None, tmp_path: Path) -
     row = wait_until_finished(job_id)
 
     assert restarted.returncode == 0, restarted.stderr
-    assert daemon_pids("slurmctld") != controller_before
-    assert len(daemon_pids("slurmctld")) == 1
+    controller_after = daemon_pids("slurmctld")
+    assert controller_after != controller_before
+    assert len(controller_after) == 1, f"slurmctld processes after restart-ctld: {controller_after}"
+    # `stop` and `status` go by the pid file, so it must name the daemon, not a fork it exited from.
+    assert controller_after == [int(pid_file("slurmctld").read_text())]
     assert row["State"] == "COMPLETED"
     assert output.read_text().strip() == "survived"
+
+
+@needs_root
+def test_start_during_a_controller_restart_leaves_one_controller(cluster: None) -> None:
+    # Both commands stop and start slurmctld by its pid file; they take turns,
+    # so neither sees the controller gone and starts a second one.
+    restart = subprocess.Popen([str(SCRIPT), "restart-ctld"], stderr=subprocess.PIPE, text=True)
+    started = run_script("start")
+    _, restart_stderr = restart.communicate(timeout=300)
+
+    assert restart.returncode == 0, restart_stderr
+    assert started.returncode == 0, started.stderr
+    assert daemon_pids("slurmctld") == [int(pid_file("slurmctld").read_text())]
+    assert run_script("status").returncode == 0
 
 
 def test_submitit_runs_a_function_and_returns_its_result(cluster: None, tmp_path: Path) -> None:
