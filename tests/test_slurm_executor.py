@@ -281,9 +281,10 @@ def test_killed_driver_then_run_again_submits_only_the_rest(sweeper):
     again = sweeper.run("run", "--executor", "slurm", "--max-parallel", "2", timeout=DEADLINE_S)
     assert again.ret == 0, again
     assert "4 passed" in again.stdout
-    # The two cells of the first driver are followed (queued or running), not submitted again.
-    followed = again.stdout.count("queued as slurm job") + again.stdout.count("already running")
-    assert followed == 2 and again.stdout.count("slurm job") - followed == 2, again
+    # The second driver submitted only the other two cells; the first driver's two were
+    # followed (queued, running, or already finished under a slow machine), not submitted again.
+    resubmitted = [line for line in again.stdout.splitlines() if line.startswith("submitted")]
+    assert len(resubmitted) == 2, again
     cells = starts(sweeper)
     assert sorted(cells) == ["b", "base", "c", "d"] and all(len(events) == 1 for events in cells.values())
     job_ids = [state_of(sweeper, "half", cell)["attempts"][0]["job_id"] for cell in cells]
