@@ -8,8 +8,6 @@ import pytest
 
 from sweepkit_plugins.ckpt_guard import MISSING, CheckpointGuardError, guarded_wipe
 
-# ckpt_guard loads through the `sweepkit` entry-point group, as for a user.
-PLUGINS = ()
 
 
 def make_steps(directory: Path, *steps: int) -> list[Path]:
@@ -129,7 +127,7 @@ def test_sweep_run_wipes_a_fresh_cell_and_keeps_a_resuming_one(sweeper):
     root = sweeper.path / "ckpts"
     fresh_steps = make_steps(root / "g" / "base", 10, 20)
     resumed_steps = make_steps(root / "g" / "resumed", 30)
-    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    result = sweeper.run("run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
     assert result.ret == 0, result
     assert "deleting 2 checkpoint entries" in result.output and "global_step_10, global_step_20" in result.output
     assert not any(step.exists() for step in fresh_steps)
@@ -142,7 +140,7 @@ def test_sweep_run_opt_out_by_env(sweeper):
     sweeper.grid("g", GRID)
     root = sweeper.path / "ckpts"
     steps = make_steps(root / "g" / "base", 10)
-    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", "grids/g.py::base",
+    result = sweeper.run("run", "--executor", "debug", "grids/g.py::base",
                          env={"CHECKPOINTS_DIR": str(root), "CLEAN_CKPT": "0"})
     assert result.ret == 0, result
     assert steps[0].is_dir()
@@ -157,7 +155,7 @@ def test_validation_refuses_unset_and_unknown_modes_before_anything_runs(sweeper
     ''')
     root = sweeper.path / "ckpts"
     steps = make_steps(root / "g" / "base", 10) + make_steps(root / "g" / "typo", 10)
-    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    result = sweeper.run("run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
     assert result.ret != 0
     assert "base: resume mode is unset" in result.output
     assert "typo: resume_mode='lastest' is not a resume mode" in result.output
@@ -171,7 +169,7 @@ def test_validation_refuses_a_cell_dir_symlinked_out_of_the_root(sweeper, tmp_pa
     (root / "g").mkdir(parents=True)
     elsewhere = make_steps(tmp_path / "elsewhere", 3)[0].parent
     (root / "g" / "base").symlink_to(elsewhere)
-    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    result = sweeper.run("run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
     assert result.ret != 0
     assert "is not inside the checkpoint root" in result.output
     assert (elsewhere / "global_step_3").is_dir()

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import Sweeper
 from sweepkit_plugins import clusters, jupiter, leonardo
-from test_leonardo import PLUGINS, errors_of
+from test_leonardo import errors_of
 
 
 SKYRL = 'target = sk.command("{python}", "-m", "skyrl_train.entrypoints.main_base")'
@@ -38,7 +38,7 @@ def rules_run(tmp_path_factory):
     project.mkdir()
     sweeper = Sweeper(project)
     sweeper.grid("rules", RULES_GRID)
-    return sweeper.run(*PLUGINS, "run", "--dry-run", "--executor", "debug", "--cluster", "jupiter")
+    return sweeper.run("run", "--dry-run", "--executor", "debug", "--cluster", "jupiter")
 
 
 @pytest.mark.parametrize("cell, expected", [
@@ -65,7 +65,7 @@ def collected_cells(sweeper: Sweeper):
     from sweepkit.cli import start_session
     from sweepkit.collect import collect
 
-    session = start_session([*PLUGINS, "list", "--cluster", "jupiter", "--rootdir", str(sweeper.path),
+    session = start_session(["list", "--cluster", "jupiter", "--rootdir", str(sweeper.path),
                              str(sweeper.path / "grids")])
     session.configure()
     return session, {cell.name: cell for cell in collect(session, [str(sweeper.path / "grids")]).cells}
@@ -86,14 +86,14 @@ def active_plugins(stdout: str) -> set[str]:
 
 
 def test_only_the_selected_cluster_is_active(sweeper):
-    shown = sweeper.run(*PLUGINS, "plugins", "--cluster", "jupiter")
+    shown = sweeper.run("plugins", "--cluster", "jupiter")
     assert shown.ret == 0, shown
     assert "jupiter" in active_plugins(shown.stdout) and "leonardo" not in active_plugins(shown.stdout)
-    by_env = sweeper.run(*PLUGINS, "plugins", env={"SWEEP_CLUSTER": "leonardo"})
+    by_env = sweeper.run("plugins", env={"SWEEP_CLUSTER": "leonardo"})
     assert "leonardo" in active_plugins(by_env.stdout) and "jupiter" not in active_plugins(by_env.stdout)
-    none = sweeper.run(*PLUGINS, "plugins", "--cluster", "none", env={"SWEEP_CLUSTER": "leonardo"})
+    none = sweeper.run("plugins", "--cluster", "none", env={"SWEEP_CLUSTER": "leonardo"})
     assert not {"leonardo", "jupiter"} & active_plugins(none.stdout)
-    unknown = sweeper.run(*PLUGINS, "plugins", "--cluster", "perlmutter")
+    unknown = sweeper.run("plugins", "--cluster", "perlmutter")
     assert unknown.ret != 0 and "known clusters: jupiter, leonardo" in unknown.output
 
 

@@ -11,8 +11,6 @@ import pytest
 from conftest import Sweeper
 from sweepkit_plugins import clusters, leonardo, ray_cluster
 
-# The cluster plugins load through the `sweepkit` entry-point group, as for a user.
-PLUGINS = ()
 
 # One cell per refusal; the run reports every cell's errors at once.
 RULES_GRID = '''
@@ -46,7 +44,7 @@ def rules_run(tmp_path_factory):
     (project / "scratch").mkdir()
     sweeper.grid("rules", RULES_GRID)
     env = {"WORK": str(project / "work"), "SCRATCH_FAST": str(project / "scratch")}
-    result = sweeper.run(*PLUGINS, "run", "--dry-run", "--executor", "debug", "--cluster", "leonardo",
+    result = sweeper.run("run", "--dry-run", "--executor", "debug", "--cluster", "leonardo",
                          "--runs-dir", str(project / "work" / "runs"), env=env)
     return result
 
@@ -84,7 +82,7 @@ def test_work_must_be_set(sweeper):
         target = sk.command("{python}", "-c", "pass")
         base = sk.base(lr=1.0)
     ''')
-    result = sweeper.run(*PLUGINS, "run", "--dry-run", "--executor", "debug", "--cluster", "leonardo",
+    result = sweeper.run("run", "--dry-run", "--executor", "debug", "--cluster", "leonardo",
                          env={"WORK": "", "SWEEP_CLUSTER": ""})
     assert result.ret != 0
     assert "WORK is not set" in result.output
@@ -99,7 +97,7 @@ def test_cell_process_gets_the_offline_environment(sweeper):
     ''')
     work = sweeper.path / "work"
     env = {"WORK": str(work), "SWEEP_GCC_BIN": "/opt/gcc/bin", "SWEEP_CONTAINER": ""}
-    result = sweeper.run(*PLUGINS, "run", "--executor", "debug", "--cluster", "leonardo",
+    result = sweeper.run("run", "--executor", "debug", "--cluster", "leonardo",
                          "--runs-dir", str(work / "runs"), env=env)
     assert result.ret == 0, result
     seen = json.loads((work / "runs" / "env" / "base" / "env.json").read_text())
@@ -121,8 +119,8 @@ def test_jupiter_rules_are_inert_on_leonardo(sweeper):
         base = sk.base(lr=1.0, time_limit="20:00:00")
     ''')
     env = {"WORK": str(sweeper.path)}
-    on_leonardo = sweeper.run(*PLUGINS, "run", "--dry-run", "--executor", "debug", "--cluster", "leonardo", env=env)
-    on_jupiter = sweeper.run(*PLUGINS, "run", "--dry-run", "--executor", "debug", "--cluster", "jupiter", env=env)
+    on_leonardo = sweeper.run("run", "--dry-run", "--executor", "debug", "--cluster", "leonardo", env=env)
+    on_jupiter = sweeper.run("run", "--dry-run", "--executor", "debug", "--cluster", "jupiter", env=env)
     assert on_leonardo.ret == 0, on_leonardo
     assert "exceeds Jupiter's booster QOS's wall of 11:59:00" in on_jupiter.output
 

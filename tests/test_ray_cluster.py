@@ -15,7 +15,6 @@ import pytest
 from sweepkit_plugins.ray_cluster import (AF_UNIX_MAX, RayBringup, plasma_socket_path, render_bringup,
                                           socket_path_error)
 
-PLUGINS = ("-p", "sweepkit_plugins.ray_cluster")
 
 
 def free_ports(n: int) -> list[int]:
@@ -48,7 +47,7 @@ def test_validation_refuses_a_long_temp_dir(sweeper):
         target = sk.command("{{python}}", "-c", "pass")
         base = sk.base(lr=1.0, ray_temp_dir={long_dir!r})
     ''')
-    result = sweeper.run(*PLUGINS, "run", "--dry-run", "--executor", "debug")
+    result = sweeper.run("run", "--dry-run", "--executor", "debug")
     assert result.ret != 0
     assert "base: ray_temp_dir=" in result.output and "AF_UNIX limit" in result.output
 
