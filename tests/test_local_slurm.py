@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -166,6 +167,33 @@ def test_start_twice_leaves_one_of_each_daemon(cluster: None) -> None:
     for program in DAEMONS:
         assert len(daemon_pids(program)) == 1, f"{program}: {daemon_pids(program)}"
     assert run_script("status").returncode == 0
+
+
+@needs_root
+def test_start_after_every_daemon_was_killed_brings_the_cluster_back(cluster: None, tmp_path: Path) -> None:
+    # As after a machine restart: no daemon runs, and each left its pid file.
+    killed = {program: daemon_pids(program) for program in DAEMONS}
+    for pids in killed.values():
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while any(daemon_pids(program) for program in DAEMONS):
+        assert time.monotonic() < deadline, {program: daemon_pids(program) for program in DAEMONS}
+        time.sleep(0.1)
+    left_behind = sorted(path.name for path in (state_dir() / "run").rglob("*.pid"))
+    assert run_script("status").returncode != 0
+
+    started = run_script("start")
+
+    assert started.returncode == 0, started.stderr
+    assert left_behind == ["mariadb.pid", "munged.pid", "slurmctld.pid", "slurmd.pid", "slurmdbd.pid"]
+    for program in DAEMONS:
+        assert len(daemon_pids(program)) == 1, f"{program}: {daemon_pids(program)}"
+        assert daemon_pids(program) != killed[program]
+    output = tmp_path / "job.out"
+    row = wait_until_finished(sbatch("--output", str(output), "--wrap", "echo back"))
+    assert row["State"] == "COMPLETED"
+    assert output.read_text().strip() == "back"
 
 
 @needs_root
