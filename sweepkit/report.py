@@ -96,8 +96,11 @@ EVAL_AGGREGATES = (
     _by_step("eval/pass_at_k").drop_nulls().last().alias("pass_at_k"),
     _by_step("eval/k").drop_nulls().last().alias("eval_k"),
 )
+# The base row is 0 by definition; computed, it can come out at -1e-14.
 DELTA_VS_BASE = (
-    (pl.col("sec_per_step") / pl.col("sec_per_step").filter(pl.col("cell") == BASE_CELL).first() - 1) * 100
+    pl.when(pl.col("cell") == BASE_CELL)
+    .then(pl.when(pl.col("sec_per_step").is_not_null()).then(0.0))
+    .otherwise((pl.col("sec_per_step") / pl.col("sec_per_step").filter(pl.col("cell") == BASE_CELL).first() - 1) * 100)
 ).alias("delta_vs_base_pct")
 
 

@@ -75,6 +75,7 @@ def test_report_files_hold_the_values_recomputed_from_the_metrics(reported):
     base = rows["base"]["sec_per_step"]
     assert rows["faster"]["delta_vs_base_pct"] == pytest.approx((rows["faster"]["sec_per_step"] / base - 1) * 100)
     assert rows["faster"]["delta_vs_base_pct"] == pytest.approx(-50.0)
+    assert rows["base"]["delta_vs_base_pct"] == 0.0
     assert [rows[name]["status"] for name in CONFIGS] == ["passed", "passed", "passed", "failed"]
     assert "RuntimeError: boom at step 3" in rows["broken"]["failure"]
     assert rows["faster"]["diff"] == "t=0.5"
