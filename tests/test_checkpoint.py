@@ -109,15 +109,16 @@ def test_rewriting_a_step_replaces_it_whole(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
-def test_reference_is_written_once(tmp_path):
+def test_reference_round_trips_and_a_new_one_replaces_the_old(tmp_path):
     model, _, optimizer, scheduler = make_training(seed=1)
-    original = {k: v.clone() for k, v in model.state_dict().items()}
     checkpoint.save_reference(tmp_path, model)
     train_a_little(model, optimizer, scheduler)
-    checkpoint.save_reference(tmp_path, model)  # a resumed run must not overwrite it
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    checkpoint.save_reference(tmp_path, model)  # a fresh run's own initial policy replaces a leftover
     reference, *_ = make_training(seed=2)
     assert checkpoint.load_reference(tmp_path, reference, "cpu")
-    assert all(torch.equal(original[k], v) for k, v in reference.state_dict().items())
+    assert all(torch.equal(trained[k], v) for k, v in reference.state_dict().items())
+    assert not list(tmp_path.glob(".tmp-*"))
     assert not checkpoint.load_reference(tmp_path / "none", reference, "cpu")
 
 

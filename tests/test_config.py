@@ -30,6 +30,7 @@ def test_every_error_is_reported_with_its_key():
         ("train_batch_size", 0, "train_batch_size: must be > 0"),
         ("gpu_memory_utilization", 1.5, "gpu_memory_utilization: must be in (0, 1]"),
         ("lr", float("nan"), "lr: expected float"),
+        ("eps_clip_low", 1.0, "eps_clip_low: must be in [0, 1)"),
     ],
 )
 def test_bad_values_name_the_key(key, value, words):

@@ -12,12 +12,14 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -38,7 +40,7 @@ RESUMABLE = {
     "model": "tiny-random", "dataset": "synthetic", "seed": 7,
     "train_batch_size": 4, "policy_mini_batch_size": 2, "n_samples_per_prompt": 4,
     "micro_train_batch_size_per_gpu": 3, "micro_forward_batch_size_per_gpu": 5,
-    "max_generate_length": 6, "lr": 3e-3, "epochs": 100, "max_steps": 8, "ckpt_interval": 2,
+    "max_generate_length": 6, "lr": 3e-3, "epochs": 100, "max_steps": 12, "ckpt_interval": 2,
     "eval_before_train": False, "export_final": False, "num_warmup_steps": 4,
     # Every optional loss term on, so resuming is checked with all of them.
     "use_kl_loss": True, "use_tis": True, "use_entropy_loss": True, "grpo_norm_by_std": False,
@@ -173,10 +175,11 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert not half_written.exists()
 
     resumed = read_metrics(killed / "metrics.jsonl", "train")
-    assert [r["step"] for r in resumed] == list(range(1, 9))
+    assert [r["step"] for r in resumed] == list(range(1, 13))
     infos = read_metrics(killed / "metrics.jsonl", "info")
     resumed_at = int(Path(infos[-1]["resumed_from"]).name.removeprefix("global_step_"))
-    assert resumed_at >= 4
+    # The kill lands within a step or two of global_step_4; steps after it must be left to compare.
+    assert 4 <= resumed_at < 12
     for want, got in zip(expected, resumed):
         assert got["data/prompt_fingerprint"] == want["data/prompt_fingerprint"], got["step"]
         # One thread on a CPU: the resumed run repeats the uninterrupted one to the bit.
@@ -193,6 +196,70 @@ def test_fresh_run_refuses_existing_checkpoints(tmp_path):
     assert "resume_mode" in result.stderr and "global_step_3" in result.stderr
     assert (old / "model.safetensors").read_bytes() == b"precious"
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_run_goes_on(tmp_path):
+    # As at a SLURM time limit: no periodic checkpoints (ckpt_interval=0), yet nothing is lost.
+    command = trainer_command(tmp_path, RESUMABLE, "max_steps=100000", "ckpt_interval=0")
+    process = subprocess.Popen(command, cwd=tmp_path, env=trainer_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and len(read_metrics(metrics, "train")) >= 2):
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "no second step within two minutes"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    last = read_metrics(metrics, "train")[-1]["step"]
+    assert f"stopped by SIGTERM after step {last}" in stderr
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == [f"global_step_{last}"]
+    assert (ckpt / "latest").read_text().strip() == f"global_step_{last}"
+
+    result = run_trainer(tmp_path, RESUMABLE, f"max_steps={last + 2}", "resume_mode=latest")
+    assert result.returncode == 0, result.stderr
+    assert [r["step"] for r in read_metrics(metrics, "train")] == list(range(1, last + 3))
+
+
+def test_a_fresh_run_takes_its_own_reference_policy(tmp_path):
+    # One mini-batch per step: at step 1 the policy is still the reference, so the KL is 0.
+    config = {**RESUMABLE, "policy_mini_batch_size": 4, "max_steps": 1, "seed": 1}
+    clean = run_trainer(tmp_path / "clean", config, "seed=2")
+    assert clean.returncode == 0, clean.stderr
+    assert read_metrics(tmp_path / "clean" / "metrics.jsonl", "train")[0]["policy/ref_kl"] == 0.0
+    # A run with another seed died before its first checkpoint; its reference is still there.
+    reused = tmp_path / "reused"
+    assert run_trainer(reused, config).returncode == 0
+    for leftover in (*reused.glob("ckpt/global_step_*"), reused / "ckpt" / "latest"):
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    (reused / "metrics.jsonl").unlink()
+    assert (reused / "ckpt" / "reference.safetensors").is_file()
+
+    result = run_trainer(reused, config, "seed=2")
+
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(reused / "metrics.jsonl", "train")[0]["policy/ref_kl"] == 0.0
+
+
+def test_inert_knobs_name_what_the_run_ignores():
+    from trainer.config import TrainerConfig
+    from trainer.loop import inert_knobs
+
+    cpu = torch.device("cpu")
+    synthetic = inert_knobs(TrainerConfig(use_tis=True, tis_imp_ratio_cap=3.0), cpu)
+    assert synthetic["use_tis"]["value"] is True and synthetic["use_tis"]["changed"] is True
+    assert "samples with the policy itself" in synthetic["tis_imp_ratio_cap"]["reason"]
+    assert {"train_split", "eval_split"} <= synthetic.keys() and "synthetic_size" not in synthetic
+    gsm8k = inert_knobs(TrainerConfig(dataset="/data/gsm8k", synthetic_size=64), cpu)
+    assert gsm8k["synthetic_size"] == {"value": 64, "default": 512, "changed": True,
+                                       "reason": "dataset is '/data/gsm8k', not 'synthetic'"}
+    assert "train_split" not in gsm8k and "eval_split" not in gsm8k
+    vllm = inert_knobs(TrainerConfig(backend="vllm", use_tis=True), cpu)
+    assert "use_tis" not in vllm and "tis_imp_ratio_cap" not in vllm
+    assert "tis_imp_ratio_cap" in inert_knobs(TrainerConfig(backend="vllm"), cpu)
 
 
 def rollout_for(model, tokenizer, cfg):
@@ -239,6 +306,100 @@ def test_gradient_accumulation_equals_one_big_micro_batch(reduction):
         assert stats["policy/grad_norm"] == pytest.approx(whole_stats["policy/grad_norm"], rel=1e-4)
         for a, b in zip(whole, parts):
             assert torch.allclose(a, b, atol=1e-6)
+
+
+def reference_gradient(model, batch, cfg):
+    """The gradient of the whole step's loss written out directly (token_mean, PPO clip,
+    k3 KL to the reference, entropy bonus), with the model's own logits."""
+    from trainer.loop import response_logits
+
+    model.zero_grad(set_to_none=True)
+    mask = batch.response_mask
+    logits = response_logits(model, batch, cfg.temperature)
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.response_ids[..., None])[..., 0]
+    ratio = torch.exp(logprobs - batch.old_logprobs)
+    advantages = batch.advantages[:, None]
+    clipped = ratio.clamp(1 - cfg.eps_clip_low, 1 + cfg.eps_clip_high)
+    pg = -torch.minimum(ratio * advantages, clipped * advantages)
+    log_ratio = batch.ref_logprobs - logprobs
+    k3 = torch.exp(log_ratio) - log_ratio - 1
+    probs = torch.softmax(logits.float(), dim=-1)
+    entropy = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+    def token_mean(x):
+        return (x * mask).sum() / mask.sum()
+
+    loss = token_mean(pg) + cfg.kl_loss_coef * token_mean(k3) - cfg.entropy_loss_coef * token_mean(entropy)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e3, 1e-3])
+def test_an_update_steps_along_the_full_loss_gradient_clipped_to_max_grad_norm(max_grad_norm):
+    from trainer.config import TrainerConfig
+    from trainer.loop import update_policy
+    from trainer.models import load_model_and_tokenizer
+
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(train_batch_size=3, policy_mini_batch_size=3, n_samples_per_prompt=4, max_generate_length=6,
+                        micro_train_batch_size_per_gpu=5, use_kl_loss=True, kl_loss_coef=0.5,
+                        use_entropy_loss=True, entropy_loss_coef=0.3, max_grad_norm=max_grad_norm)
+    model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
+    model.double()  # weights of order 1 take steps of 1e-6: float32 would round the steps away
+    batch = rollout_for(model, tokenizer, cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    grads = reference_gradient(model, batch, cfg)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    # The KL and entropy terms move the gradient: leaving either out would show.
+    bare = reference_gradient(model, batch, attrs.evolve(cfg, kl_loss_coef=0.0, entropy_loss_coef=0.0))
+    assert not all(torch.allclose(g, b, atol=1e-6) for g, b in zip(grads, bare))
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is minus the (clipped) gradient
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
+    stats = update_policy(model, optimizer, scheduler, batch, cfg)
+
+    assert stats["policy/grad_norm"] == pytest.approx(float(norm), rel=1e-4)  # reported before clipping
+    scale = min(1.0, max_grad_norm / (float(norm) + 1e-6))
+    step = torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())])
+    expected = torch.cat([g.flatten() for g in grads]) * scale
+    assert float(torch.linalg.vector_norm(step - expected)) <= 1e-6 * float(torch.linalg.vector_norm(expected))
+    if max_grad_norm < float(norm):
+        assert float(torch.linalg.vector_norm(step)) == pytest.approx(max_grad_norm, rel=1e-5)
+
+
+def test_tis_weights_come_from_the_engine_logprobs_and_are_capped():
+    from trainer.config import TrainerConfig
+    from trainer.loop import Rollout, update_policy
+    from trainer.models import load_model_and_tokenizer
+    from trainer.rollout import Completion
+
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(train_batch_size=3, policy_mini_batch_size=3, n_samples_per_prompt=4, max_generate_length=6,
+                        use_tis=True, tis_imp_ratio_cap=2.0)
+    model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
+    sampled = rollout_for(model, tokenizer, cfg)
+    # An engine whose sampling distribution differs from the trainer's: its log-prob of every
+    # token is pi_old's minus 0.5 in the first half of the rows and minus 2 in the rest.
+    shift = torch.where(torch.arange(12) < 6, 0.5, 2.0)[:, None]
+    engine_lp = (sampled.old_logprobs - shift) * sampled.response_mask
+    completions = [
+        Completion(token_ids=ids[: int(n)].tolist(), logprobs=tuple(lp[: int(n)].tolist()), finish_reason="length")
+        for ids, lp, n in zip(sampled.response_ids, engine_lp, sampled.response_mask.sum(1))]
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.prompt_ids, sampled.prompt_mask)]
+    batch = Rollout.build(prompts, completions, tokenizer.pad_token_id, "cpu")
+    assert torch.allclose(batch.engine_logprobs, engine_lp)
+    batch.advantages, batch.old_logprobs = sampled.advantages, sampled.old_logprobs
+    batch.rollout_logprobs = batch.engine_logprobs
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = update_policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0), batch, cfg)
+
+    # min(exp(0.5), 2) on the first rows' tokens, the cap 2 on the rest, averaged per token.
+    mask = batch.response_mask
+    weights = torch.where(torch.arange(12)[:, None] < 6, math.exp(0.5), 2.0).expand_as(mask)
+    assert stats["policy/tis_weight"] == pytest.approx(float((weights * mask).sum() / mask.sum()), rel=1e-5)
 
 
 # -- padded batches: no query row without a key, and no update from a non-finite gradient --------

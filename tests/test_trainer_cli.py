@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,44 @@ def test_gsm8k_end_to_end_with_overrides_and_inert_knobs(tmp_path):
     train = records[2]
     assert train["throughput/tokens_generated"] > 0 and 0 <= train["reward/mean"] <= 1
     assert (tmp_path / "ckpt" / "global_step_1" / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_cuda_device_without_cuda_exits_2_naming_the_key(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = subprocess.run(
+        ["sweep-train", str(write_config(tmp_path, {"device": "cuda"})), "--ckpt-dir", str(tmp_path / "ckpt"),
+         "--metrics", str(tmp_path / "m.jsonl")],
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == EXIT_CONFIG, result.stderr
+    assert "device: 'cuda' but torch sees no CUDA device" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_trainer_never_imports_sweepkit():
+    # The trainer is a separate program (config in, metrics and checkpoints out).
+    code = textwrap.dedent("""
+        import pkgutil, sys, trainer
+        from trainer.rollout import BackendUnavailable
+        for module in pkgutil.walk_packages(trainer.__path__, "trainer."):
+            if module.name != "trainer.__main__":
+                try:
+                    __import__(module.name)
+                except BackendUnavailable:  # trainer.rollout.vllm without vllm installed
+                    pass
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("sweepkit", "sweepkit_plugins")))
+        print(len([m for m in sys.modules if m.startswith("trainer.")]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    imported, trainer_modules = out.stdout.split("\n")[:2]
+    assert imported == "[]"
+    assert int(trainer_modules) >= 12  # the walk imported the trainer's modules
 
 
 def test_batch_larger_than_the_split_exits_2(tmp_path):

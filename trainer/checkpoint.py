@@ -151,13 +151,15 @@ def load(path: Path, *, model, optimizer, scheduler, device) -> Resumed:
 
 
 def save_reference(ckpt_dir: Path, model) -> Path:
-    """Keep the initial policy once, so a resumed KL loss compares against the same reference."""
+    """Keep the initial policy, so a resumed KL loss compares against the same reference.
+
+    Written at the start of a fresh run, replacing (atomically) a reference that an
+    earlier run left behind without any checkpoint to resume."""
     target = ckpt_dir / REFERENCE
-    if not target.is_file():
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        temp = ckpt_dir / f"{TEMP_PREFIX}{REFERENCE}"
-        safetensors.torch.save_model(model, str(temp))
-        os.replace(temp, target)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    temp = ckpt_dir / f"{TEMP_PREFIX}{REFERENCE}"
+    safetensors.torch.save_model(model, str(temp))
+    os.replace(temp, target)
     return target
 
 

@@ -2,7 +2,9 @@
 
 The config is validated before torch is imported, so a typo costs
 milliseconds and exits 2 with the key named. A fresh run over existing
-checkpoints (``resume_mode=null``) exits 3 and deletes nothing.
+checkpoints (``resume_mode=null``) exits 3 and deletes nothing. SIGTERM or
+SIGUSR1 stops the run after its current step, with a checkpoint, and exits
+128 + the signal (143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -58,12 +60,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer.data import DataError
     from trainer.loop import train
+    from trainer.stopping import Stopped
 
     try:
         train(cfg, ckpt_dir=args.ckpt_dir, metrics_path=metrics)
-    except (ConfigError, DataError) as exc:  # only checkable against the data or model
+    except (ConfigError, DataError) as exc:  # only checkable against the data, model or machine
         print(f"sweep-train: bad config or data:\n{exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except Stopped as stopped:
+        print(f"sweep-train: {stopped}; checkpointed in {args.ckpt_dir} (resume with resume_mode=latest)",
+              file=sys.stderr)
+        return stopped.exit_code
     return 0
 
 

@@ -40,6 +40,11 @@ def _non_negative(instance, attribute, value):
         raise ConfigError(f"{attribute.name}: must be >= 0, got {value!r}")
 
 
+def _below_one(instance, attribute, value):
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"{attribute.name}: must be in [0, 1), got {value!r}")
+
+
 def _fraction(instance, attribute, value):
     if not 0.0 < value <= 1.0:
         raise ConfigError(f"{attribute.name}: must be in (0, 1], got {value!r}")
@@ -116,7 +121,7 @@ class TrainerConfig:
                                         metadata=_doc("'ppo' clipped ratio, or 'importance_sampling' (unclipped)"))
     loss_reduction: str = attrs.field(default="token_mean", validator=_choice(LOSS_REDUCTIONS),
                                       metadata=_doc("how per-token losses become one number"))
-    eps_clip_low: float = attrs.field(default=0.2, validator=_non_negative, metadata=_doc(
+    eps_clip_low: float = attrs.field(default=0.2, validator=_below_one, metadata=_doc(
         "PPO clip below 1"))
     eps_clip_high: float = attrs.field(default=0.2, validator=_non_negative, metadata=_doc(
         "PPO clip above 1 (0.28: DAPO clip-higher)"))

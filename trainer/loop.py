@@ -72,7 +72,7 @@ import attrs
 import torch
 
 from trainer import checkpoint
-from trainer.config import TrainerConfig
+from trainer.config import ConfigError, TrainerConfig
 from trainer.data import PromptSampler
 from trainer.losses import (
     aggregate, entropy_from_logits, group_advantages, kl_penalty, masked_mean, pass_at_k,
@@ -81,6 +81,7 @@ from trainer.losses import (
 from trainer.metrics import MetricsLogger, ProgressBar, peak_memory_gb
 from trainer.models import load_model_and_tokenizer
 from trainer.rollout import make_engine
+from trainer.stopping import StopRequest, Stopped
 from trainer.tasks import load_task
 
 EVAL_SEED_OFFSET = 1_000_003  # keeps eval samples apart from the training step's samples
@@ -130,8 +131,11 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
         sampler.load_state_dict(resumed.sampler_state)
         step = resumed.step
         print(f"sweep-train: resuming from {start_from} (step {step})", file=stderr)
-    if reference is not None and not checkpoint.load_reference(ckpt_dir, reference, device):
-        checkpoint.save_reference(ckpt_dir, reference)
+    if reference is not None:
+        # A fresh run's reference is its own initial policy, never one left in the directory
+        # by an earlier run that died before its first checkpoint.
+        if start_from is None or not checkpoint.load_reference(ckpt_dir, reference, device):
+            checkpoint.save_reference(ckpt_dir, reference)
     engine = make_engine(cfg, model=model, tokenizer=tokenizer, device=device)
     pad_id = tokenizer.pad_token_id
 
@@ -155,83 +159,91 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
     progress = progress_bar(cfg, stdout or sys.stdout, total=total_steps, done=step)
     last = {}
 
-    while step < total_steps:
-        step += 1
-        times = {}
-        step_started = time.perf_counter()
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with StopRequest(stderr) as stop:
+            while step < total_steps:
+                if stop.signum is not None:  # asked before the first step of this run
+                    raise Stopped(stop.signum, step)
+                step += 1
+                times = {}
+                step_started = time.perf_counter()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
 
-        # -- 1. prompts and rollouts ------------------------------------------------------
-        examples = sampler.next_batch()
-        prompts = [encode(e.prompt) for e in examples]
-        n = cfg.n_samples_per_prompt
-        with timed(times, "timing/generate"):
-            completions = engine.generate(prompts, n=n, max_new_tokens=cfg.max_generate_length,
-                                          temperature=cfg.temperature, top_p=cfg.top_p,
-                                          seed=cfg.seed * 1_000_000 + step)
-            engine.sleep()
-        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-        samples_examples = [e for e in examples for _ in range(n)]  # group-contiguous, as generated
-        rewards = torch.tensor([task.reward(t, e) for t, e in zip(texts, samples_examples)])  # (B,)
-        batch = Rollout.build([p for p in prompts for _ in range(n)], completions, pad_id, device)
+                # -- 1. prompts and rollouts ------------------------------------------------------
+                examples = sampler.next_batch()
+                prompts = [encode(e.prompt) for e in examples]
+                n = cfg.n_samples_per_prompt
+                with timed(times, "timing/generate"):
+                    completions = engine.generate(prompts, n=n, max_new_tokens=cfg.max_generate_length,
+                                                  temperature=cfg.temperature, top_p=cfg.top_p,
+                                                  seed=cfg.seed * 1_000_000 + step)
+                with timed(times, "timing/sync_weights"):  # the engine's sleep and wake count as weight sync
+                    engine.sleep()
+                texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+                samples_examples = [e for e in examples for _ in range(n)]  # group-contiguous, as generated
+                rewards = torch.tensor([task.reward(t, e) for t, e in zip(texts, samples_examples)])  # (B,)
+                batch = Rollout.build([p for p in prompts for _ in range(n)], completions, pad_id, device)
 
-        # -- 2. advantages, old / reference log-probs -------------------------------------
-        if cfg.advantage_estimator == "grpo":
-            advantages = group_advantages(rewards, n, norm_by_std=cfg.grpo_norm_by_std)  # (B,)
-        else:
-            advantages = rewards.clone()
-        batch.advantages = advantages.to(device)
-        with timed(times, "timing/ref"):
-            batch.old_logprobs, entropy = score(model, batch, cfg, with_entropy=True)  # (B, R) each
-            if reference is not None:
-                batch.ref_logprobs, _ = score(reference, batch, cfg)
-        batch.rollout_logprobs = batch.engine_logprobs if engine.reports_logprobs else batch.old_logprobs
+                # -- 2. advantages, old / reference log-probs -------------------------------------
+                if cfg.advantage_estimator == "grpo":
+                    advantages = group_advantages(rewards, n, norm_by_std=cfg.grpo_norm_by_std)  # (B,)
+                else:
+                    advantages = rewards.clone()
+                batch.advantages = advantages.to(device)
+                with timed(times, "timing/ref"):
+                    batch.old_logprobs, entropy = score(model, batch, cfg, with_entropy=True)  # (B, R) each
+                    if reference is not None:
+                        batch.ref_logprobs, _ = score(reference, batch, cfg)
+                batch.rollout_logprobs = batch.engine_logprobs if engine.reports_logprobs else batch.old_logprobs
 
-        # -- 3. policy updates: mini-batches of whole groups, micro-batches accumulate ---
-        with timed(times, "timing/policy_train"):
-            update_stats = update_policy(model, optimizer, scheduler, batch, cfg, stderr=stderr)
+                # -- 3. policy updates: mini-batches of whole groups, micro-batches accumulate ---
+                with timed(times, "timing/policy_train"):
+                    update_stats = update_policy(model, optimizer, scheduler, batch, cfg, stderr=stderr)
 
-        # -- 4. push the new weights to the rollout engine ------------------------------------
-        with timed(times, "timing/sync_weights"):
-            engine.wake()
-            engine.sync_weights(model)
+                # -- 4. push the new weights to the rollout engine ------------------------------------
+                with timed(times, "timing/sync_weights"):
+                    engine.wake()
+                    engine.sync_weights(model)
 
-        # -- 5. metrics, eval, checkpoint ----------------------------------------------------
-        times["timing/step"] = time.perf_counter() - step_started
-        lengths = batch.response_mask.sum(dim=1).float()  # (B,)
-        tokens = int(lengths.sum().item())
-        last = {
-            **times,
-            "throughput/tokens_generated": tokens,
-            "throughput/tokens_per_s": tokens / times["timing/step"],
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "policy/entropy": masked_mean(entropy, batch.response_mask).item(),
-            **update_stats,
-            "response_length/mean": lengths.mean().item(),
-            "response_length/max": int(lengths.max().item()),
-            "response/stop_frac": sum(c.finish_reason == "stop" for c in completions) / len(completions),
-            "memory/peak_gb": peak_memory_gb(device),
-            "data/epoch": sampler.epoch,
-            "data/prompt_fingerprint": fingerprint(prompts),
-        }
-        logger.log("train", step, last)
-        del batch, entropy
-        free_memory(device)
-        if (cfg.eval_interval and step % cfg.eval_interval == 0) or step == total_steps:
-            run_eval(step)
-        if (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
-            checkpoint.save(ckpt_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                            sampler_state=sampler.state_dict(), config=attrs.asdict(cfg))
+                # -- 5. metrics, eval, checkpoint ----------------------------------------------------
+                times["timing/step"] = time.perf_counter() - step_started
+                lengths = batch.response_mask.sum(dim=1).float()  # (B,)
+                tokens = int(lengths.sum().item())
+                last = {
+                    **times,
+                    "throughput/tokens_generated": tokens,
+                    "throughput/tokens_per_s": tokens / times["timing/step"],
+                    "reward/mean": rewards.mean().item(),
+                    "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+                    "policy/entropy": masked_mean(entropy, batch.response_mask).item(),
+                    **update_stats,
+                    "response_length/mean": lengths.mean().item(),
+                    "response_length/max": int(lengths.max().item()),
+                    "response/stop_frac": sum(c.finish_reason == "stop" for c in completions) / len(completions),
+                    "memory/peak_gb": peak_memory_gb(device),
+                    "data/epoch": sampler.epoch,
+                    "data/prompt_fingerprint": fingerprint(prompts),
+                }
+                logger.log("train", step, last)
+                del batch, entropy
+                free_memory(device)
+                stopping = stop.signum is not None
+                if not stopping and ((cfg.eval_interval and step % cfg.eval_interval == 0) or step == total_steps):
+                    run_eval(step)
+                if stopping or (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
+                    checkpoint.save(ckpt_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                                    sampler_state=sampler.state_dict(), config=attrs.asdict(cfg))
+                if progress is not None:
+                    progress.update(step, last)
+                if stopping:
+                    raise Stopped(stop.signum, step)
+    finally:
         if progress is not None:
-            progress.update(step, last)
-
-    if progress is not None:
-        progress.close()
+            progress.close()
+        logger.close()
     if cfg.export_final:
         checkpoint.export(ckpt_dir, model, tokenizer)
-    logger.close()
     return last
 
 
@@ -489,8 +501,16 @@ def inert_knobs(cfg, device: torch.device) -> dict:
         reasons |= dict.fromkeys(("kl_loss_coef", "kl_estimator_type"), "use_kl_loss is false")
     if not cfg.use_entropy_loss:
         reasons["entropy_loss_coef"] = "use_entropy_loss is false"
-    if not cfg.use_tis:
+    if cfg.backend == "hf":
+        # pi_old and the sampling distribution are the same model's: every TIS weight is 1.
+        reasons |= dict.fromkeys(("use_tis", "tis_imp_ratio_cap"),
+                                 "the HF engine samples with the policy itself (rollout and trainer log-probs agree)")
+    elif not cfg.use_tis:
         reasons["tis_imp_ratio_cap"] = "use_tis is false"
+    if cfg.dataset == "synthetic":
+        reasons |= dict.fromkeys(("train_split", "eval_split"), "the synthetic task makes its own splits")
+    else:
+        reasons["synthetic_size"] = f"dataset is {cfg.dataset!r}, not 'synthetic'"
     if cfg.advantage_estimator != "grpo":
         reasons["grpo_norm_by_std"] = f"advantage_estimator is {cfg.advantage_estimator!r}"
     if cfg.policy_loss_type != "ppo":
@@ -505,7 +525,7 @@ def inert_knobs(cfg, device: torch.device) -> dict:
 
 def resolve_device(cfg) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' but torch sees no CUDA device")
+        raise ConfigError("device: 'cuda' but torch sees no CUDA device (use 'auto' or 'cpu')")
     if cfg.device == "cuda" or (cfg.device == "auto" and cfg.num_gpus > 0 and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -10,10 +10,17 @@ what truncated importance sampling needs.
 
 One engine only: ``num_inference_engines`` > 1 and a non-colocated layout are
 not offered by this trainer (they are reported as inert at start).
+
+Not yet run: the machines this trainer is tested on have no vLLM build (the CPU
+CI machines, and a GPU machine without the package). Everything around the
+engine (the :class:`RolloutEngine` contract, TIS from engine log-probs, the
+inert-knob report) is tested with the HF engine and engine-reported log-probs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import tempfile
 
 from trainer.rollout import BackendUnavailable, Completion, RolloutEngine
@@ -45,6 +52,14 @@ class VLLMEngine(RolloutEngine):
         staging = tempfile.mkdtemp(prefix="vllm-policy-")
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        # sync_weights sends a function and tensors to the engine's worker processes, which
+        # vLLM's V1 engine refuses to pickle unless told it may.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        extra = {}
+        if "logprobs_mode" in {field.name for field in dataclasses.fields(vllm.EngineArgs)}:
+            # The default reports log-probs before temperature; TIS compares them with the
+            # trainer's pi_old, which is of the tempered distribution that was sampled.
+            extra["logprobs_mode"] = "processed_logprobs"
         llm = vllm.LLM(
             model=staging,
             tokenizer=staging,
@@ -55,6 +70,7 @@ class VLLMEngine(RolloutEngine):
             enable_sleep_mode=True,
             seed=cfg.seed,
             max_model_len=cfg.max_prompt_length + cfg.max_generate_length,
+            **extra,
         )
         return cls(llm)
 

@@ -1,0 +1,59 @@
+"""Stop at a step boundary, with a checkpoint, when the run is told to end.
+
+SLURM sends SIGTERM to every process of a job at its time limit and SIGKILL
+``KillWait`` seconds later (30 by default); a local sweep interrupted with
+Ctrl-C sends SIGTERM to the cell's process. Dying mid-step would lose
+everything since the last periodic checkpoint, and a chained cell whose
+``ckpt_interval`` is 0 would start its next link from scratch. So the first
+SIGTERM (or SIGUSR1, for a warning asked with ``sbatch --signal``) only asks
+the loop to stop after the step it is in; the loop then checkpoints and exits
+with ``128 + signal``. A second signal acts at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Stopped(Exception):
+    """The run stopped early on a signal, after checkpointing; ``exit_code`` is 128 + signal."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum = signum
+        self.step = step
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+
+
+class StopRequest:
+    """Installs the handlers for as long as the run lasts (``with StopRequest(...) as stop``);
+    ``stop.signum`` is the first signal received, or None."""
+
+    def __init__(self, stderr=None):
+        self.signum: int | None = None
+        self._stderr = stderr or sys.stderr
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopRequest":
+        # Handlers can only be set from the main thread (an embedding caller may train elsewhere).
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        # A second signal is not a request: it ends the process the usual way.
+        for each in SIGNALS:
+            signal.signal(each, signal.SIG_DFL)
+        print(f"sweep-train: {signal.Signals(signum).name}: stopping after this step, with a checkpoint",
+              file=self._stderr, flush=True)
