@@ -63,7 +63,8 @@ def sacct_row(job_id: str) -> dict[str, str]:
         text=True,
         check=True,
     ).stdout.strip()
-    values = out.splitlines()[0].split("|") if out else [""] * len(fields)
+    # The last row is the newest: a requeued job, or an id the controller handed out again.
+    values = out.splitlines()[-1].split("|") if out else [""] * len(fields)
     row = dict(zip(fields, values))
     # sacct appends " by <uid>" to CANCELLED; only the state word matters here.
     row["State"] = row["State"].split(" ")[0]
@@ -190,9 +191,14 @@ def test_start_after_every_daemon_was_killed_brings_the_cluster_back(cluster: No
     for program in DAEMONS:
         assert len(daemon_pids(program)) == 1, f"{program}: {daemon_pids(program)}"
         assert daemon_pids(program) != killed[program]
+    # A controller killed before it saved its state hands out job ids again, so sacct may
+    # still show the earlier job of that id for a moment: wait for this job's own record.
     output = tmp_path / "job.out"
-    row = wait_until_finished(sbatch("--output", str(output), "--wrap", "echo back"))
-    assert row["State"] == "COMPLETED"
+    job_id = sbatch("--output", str(output), "--wrap", "echo back")
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while not (output.is_file() and sacct_row(job_id)["State"] == "COMPLETED"):
+        assert time.monotonic() < deadline, f"job {job_id}: {sacct_row(job_id)}; {logs_hint()}"
+        time.sleep(0.5)
     assert output.read_text().strip() == "back"
 
 
