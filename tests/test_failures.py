@@ -143,3 +143,28 @@ def test_local_runs_are_classified_from_their_log_tail(sweeper):
     rows = {line.split()[0]: line for line in status.stdout.splitlines() if "::" in line}
     assert "EXCEPTION: ValueError: bad lr" in rows["grids/local.py::base"], status
     assert "OOM: torch.OutOfMemoryError: CUDA out of memory" in rows["grids/oom.py::base"], status
+
+
+def chain_view(tmp_path, *, effective, link_state):
+    """A chained SLURM cell whose first link (job 11) ended as ``link_state``; job 12 is the next link."""
+    from sweepkit import state as st
+    from sweepkit.executors import sacct
+
+    attempt = st.Attempt(n=1, executor=fl.SLURM, job_id="11", failure="killed by SIGTERM")
+    cell_state = st.CellState(nodeid="grids/g.py::long", state=effective, config_hash="h", attempts=(attempt,),
+                              submission=st.Submission(executor=fl.SLURM, token="t", job_id="11:12"))
+    view = st.CellView(directory=tmp_path, nodeid=cell_state.nodeid, name="long", record=None, state=cell_state,
+                       effective=effective, outcome="failed" if effective == "failed" else "")
+    return view, {"11": sacct.JobRecord(job_id="11", state=link_state), "12": sacct.JobRecord(job_id="12", state="PENDING")}
+
+
+def test_a_chain_link_that_timed_out_reads_as_normal_while_the_next_waits(tmp_path):
+    view, records = chain_view(tmp_path, effective="submitted", link_state="TIMEOUT")
+    assert fl.failure_text(view, records) == (
+        "attempt 1 TIMEOUT: killed by SIGTERM (normal for a chain link); the next link resumes")
+    # Any other failure of a link is shown as what it was, the next link still coming.
+    view, records = chain_view(tmp_path, effective="submitted", link_state="NODE_FAIL")
+    assert fl.failure_text(view, records) == "attempt 1 NODE_FAIL: killed by SIGTERM; the next link resumes"
+    # Once no link is left, a timeout is the cell's failure.
+    view, records = chain_view(tmp_path, effective="failed", link_state="TIMEOUT")
+    assert fl.failure_text(view, records) == "TIMEOUT: killed by SIGTERM"
