@@ -4,11 +4,15 @@ When a checkpoint root is configured (launch key ``ckpt_root``, else ``$CHECKPOI
 every cell whose target does not take sweepkit's ``{ckpt_dir}`` (a SkyRL command; the
 built-in trainer's checkpoints stay in its cell dir) gets its own checkpoint dir
 ``<root>/<grid>/<cell>``, exported to it as ``CKPT_DIR`` / ``EXPORT_PATH``, so no two
-cells share one (a shared dir made later cells silently resume another cell's steps). Before a cell
-starts, its dir is wiped only when all of these hold:
+cells share one (a shared dir made later cells silently resume another cell's steps). The
+plugin names that dir to sweepkit's plan (``sweep_cell_ckpt_dir``), so a rerun of a cell
+with checkpoints there stops and asks for ``--resume`` or ``--rerun``, and ``--resume``
+resumes from them, exactly as for checkpoints in the cell dir. Before a cell starts, its
+dir is wiped only when all of these hold:
 
-- the run is fresh (sweepkit planned no resume) and the cell's resume mode is *explicitly*
-  fresh (``resume_mode=None``); ``"latest"`` / ``"from_path"`` keep everything;
+- the user asked for a fresh start (``sweep run --rerun``: sweepkit planned a fresh run
+  of a cell that has checkpoints) and the cell's resume mode is *explicitly* fresh
+  (``resume_mode=None``); ``"latest"`` / ``"from_path"`` keep everything;
 - the dir resolves (symlinks followed) strictly inside the resolved root;
 - the wipe is not switched off (``clean_ckpt=False`` or ``CLEAN_CKPT=0``).
 
@@ -144,13 +148,20 @@ def cell_ckpt_dir(cell, root: Path) -> Path:
     return Path(root) / cell.grid_name / cell.name
 
 
+def ckpt_dir_of(cell, environ: Mapping[str, str]) -> Path | None:
+    """The cell's checkpoint dir outside its cell dir (None: it has none). The plan, the
+    wipe, the cell's env and the SkyRL overrides all ask this one function."""
+    root = checkpoint_root(cell, environ)
+    return cell_ckpt_dir(cell, root) if root is not None else None
+
+
 def export_dir(cell, environ: Mapping[str, str]) -> Path | None:
     """Where the final model is exported: ``export_path``, else ``<ckpt dir>/export``."""
     explicit = cell.launch().get("export_path")
     if explicit:
         return Path(os.path.expandvars(str(explicit))).expanduser()
-    root = checkpoint_root(cell, environ)
-    return cell_ckpt_dir(cell, root) / "export" if root else None
+    directory = ckpt_dir_of(cell, environ)
+    return directory / "export" if directory is not None else None
 
 
 def resume_mode_of(cell):
@@ -200,22 +211,39 @@ def sweep_validate_cell(cell, session):
 
 
 @hookimpl
+def sweep_cell_ckpt_dir(cell, session):
+    return ckpt_dir_of(cell, os.environ)
+
+
+def asked_fresh_start(session) -> bool:
+    """Only ``sweep run --rerun`` asks to start a cell with checkpoints over."""
+    return bool(getattr(session.options, "rerun", False))
+
+
+@hookimpl
 def sweep_prepare_cell_dir(cell, cell_dir, fresh, session):
-    root = checkpoint_root(cell, os.environ)
-    if root is None:
+    directory = ckpt_dir_of(cell, os.environ)
+    if directory is None:
         return
-    directory = cell_ckpt_dir(cell, root)
-    # sweepkit's plan decides first: a planned resume never deletes, whatever the cell says.
-    mode = resume_mode_of(cell) if fresh else "latest"
-    guarded_wipe(directory, root, mode, clean=clean_enabled(cell, os.environ),
-                 announce=lambda line: session.console.print(f"{cell.nodeid}: {line}", markup=False))
+
+    def announce(line: str) -> None:
+        session.console.print(f"{cell.nodeid}: {line}", markup=False)
+
+    # sweepkit's plan decides first: a planned resume never deletes, whatever the cell says;
+    # a fresh plan deletes only on --rerun. Checkpoints that appeared after a plain run's
+    # plan found none are kept: nobody asked to lose them.
+    if fresh and asked_fresh_start(session):
+        guarded_wipe(directory, checkpoint_root(cell, os.environ), resume_mode_of(cell),
+                     clean=clean_enabled(cell, os.environ), announce=announce)
+    elif fresh and (kept := deletable_entries(directory)):
+        announce(f"keeping {len(kept)} checkpoint entries in {directory} "
+                 f"({', '.join(entry.name for entry in kept)}): only --rerun deletes them")
     directory.mkdir(parents=True, exist_ok=True)
 
 
 @hookimpl
 def sweep_cell_env(cell, session):
-    root = checkpoint_root(cell, os.environ)
-    if root is None:
+    directory = ckpt_dir_of(cell, os.environ)
+    if directory is None:
         return {}
-    return {"CKPT_DIR": str(cell_ckpt_dir(cell, root)),
-            "EXPORT_PATH": str(export_dir(cell, os.environ))}
+    return {"CKPT_DIR": str(directory), "EXPORT_PATH": str(export_dir(cell, os.environ))}

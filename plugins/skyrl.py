@@ -135,9 +135,9 @@ def hydra_overrides(cell, *, resume: bool = False) -> list[str]:
         return []
     out = [f"++{hydra_path(key)}={hydra_value(cell.config[key])}"
            for key in _diff_keys(cell) if key in cell.config and hydra_path(key)]
-    root = ckpt_guard.checkpoint_root(cell, os.environ)
-    if root is not None:
-        out.append(f"++trainer.ckpt_path={hydra_value(str(ckpt_guard.cell_ckpt_dir(cell, root)))}")
+    ckpt_dir = ckpt_guard.ckpt_dir_of(cell, os.environ)
+    if ckpt_dir is not None:
+        out.append(f"++trainer.ckpt_path={hydra_value(str(ckpt_dir))}")
         out.append(f"++trainer.export_path={hydra_value(str(ckpt_guard.export_dir(cell, os.environ)))}")
     out.append(f"++trainer.resume_mode={hydra_value(resume_mode(cell, resume=resume))}")
     out += [str(override) for override in cell.launch().get("hydra_overrides") or ()]

@@ -14,7 +14,8 @@ Order of a ``sweep run``:
    axis or product cell without an explicit id :func:`sweep_make_cell_id`;
 3. :func:`sweep_collection_modifyitems`, then :func:`sweep_deselected` with the
    cells that ``-k`` / ``-m`` / ``::CELL`` / ``--failed`` left out;
-4. :func:`sweep_validate_cell` for every selected cell; any error stops here;
+4. :func:`sweep_validate_cell` for every selected cell (the run's plan of each cell
+   asks :func:`sweep_cell_ckpt_dir` where its checkpoints are); any error stops here;
 5. :func:`sweep_choose_executor` unless ``--executor`` names one;
 6. per cell: :func:`sweep_cell_env` and :func:`sweep_cell_args` (once with the run's
    resume flag, once with ``resume=True`` for a chain link), for a cluster
@@ -166,6 +167,19 @@ def sweep_validate_cell(cell: "Cell", session: "Session") -> "list[str]":
 @hookspec(firstresult=True)
 def sweep_choose_executor(session: "Session") -> "str | None":
     """Pick the executor when ``--executor`` is not given; first answer wins."""
+
+
+@hookspec(firstresult=True)
+def sweep_cell_ckpt_dir(cell: "Cell", session: "Session") -> "Path | None":
+    """Where the cell's checkpoints live when a plugin keeps them outside its cell dir.
+
+    :return: the directory (it may not exist yet), or None for the cell dir's ``ckpt/``.
+
+    The plan (:mod:`sweepkit.plan`) looks there, as well as in ``ckpt/``, to decide whether
+    a cell has checkpoints: a rerun of such a cell stops unless ``--resume`` or ``--rerun``
+    says what to do with them, and ``--resume`` resumes from them. A plugin that deletes
+    a fresh cell's old checkpoints must answer here with the same directory.
+    """
 
 
 @hookspec

@@ -14,7 +14,11 @@ a cluster's queue (``queued``)                       are cancelled)
 =======================================  ==========  ===================  ==================
 
 "attach" means waiting for the run some other driver started, never starting a second one.
-A cell with checkpoints is never silently started over nor silently resumed.
+A cell with checkpoints is never silently started over nor silently resumed. Its
+checkpoints are what its cell dir's ``ckpt/`` holds and, for a cell whose checkpoints a
+plugin keeps elsewhere (a SkyRL cell's ``$CHECKPOINTS_DIR/<grid>/<cell>``), what that
+directory holds: the plugin names it through ``sweep_cell_ckpt_dir`` (:func:`checkpoint_dir`),
+the same answer its guarded wipe acts on.
 """
 
 from __future__ import annotations
@@ -48,11 +52,25 @@ class PlanError(Exception):
     """A cell cannot be run with the options given; the message says which option to pass."""
 
 
+def checkpoint_dir(cell, session) -> Path | None:
+    """Where a plugin keeps the cell's checkpoints (``sweep_cell_ckpt_dir``); None when
+    they stay in the cell dir's ``ckpt/``."""
+    found = session.hook.sweep_cell_ckpt_dir(cell=cell, session=session)
+    return None if found is None else Path(found)
+
+
+def checkpoint_dirs(directory: Path, elsewhere: Path | None) -> list[Path]:
+    """The cell dir's ``ckpt/`` and, if a plugin keeps the checkpoints elsewhere, that dir."""
+    return [directory / st.CKPT_DIR] + ([Path(elsewhere)] if elsewhere is not None else [])
+
+
 def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
-              queued: Callable[[st.Submission], bool] | None = None) -> Plan:
+              queued: Callable[[st.Submission], bool] | None = None,
+              checkpoints: Path | None = None) -> Plan:
     """``queued(submission)`` says whether a submitted job is still alive in its
     executor's queue (a cluster job that has not started, or a chain between links); a
-    cell whose lock is free is then still taken, not a dead run."""
+    cell whose lock is free is then still taken, not a dead run. ``checkpoints`` is the
+    cell's checkpoint dir outside its cell dir (:func:`checkpoint_dir`), if it has one."""
     directory = st.cell_dir(runs_dir, cell)
     state = st.read_state(directory)
     if st.is_locked(directory):
@@ -72,11 +90,12 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
             raise PlanError("completed with a different config than the grid has now; "
                             "pass --rerun to run it again with the new config")
         return Plan(cell=cell, directory=directory, action=SKIP, note="completed")
-    if st.has_checkpoints(directory):
+    holding = [path for path in checkpoint_dirs(directory, checkpoints) if st.has_entries(path)]
+    if holding:
         effective = st.effective_state(directory, state)
         if not resume:
-            raise PlanError(f"was {effective} and has checkpoints in {directory / st.CKPT_DIR}; pass --resume "
-                            "to continue from the latest one or --rerun to delete them and start over")
+            raise PlanError(f"was {effective} and has checkpoints in {' and '.join(map(str, holding))}; pass "
+                            "--resume to continue from the latest one or --rerun to delete them and start over")
         if changed:
             raise PlanError("has checkpoints written with a different config than the grid has now; "
                             "pass --rerun to delete them and start over")

@@ -49,7 +49,7 @@ def sweep_validate_cell(cell, session):
         return ["--rerun and --resume exclude each other: --rerun starts over, --resume continues"]
     try:
         pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
-                     queued=queue_probe(session))
+                     queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session))
     except pl.PlanError as error:
         return [str(error)]
     return []
@@ -97,7 +97,7 @@ def run_cells(session, cells) -> int:
     for cell in cells:
         try:
             plans.append(pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
-                                      queued=queue_probe(session)))
+                                      queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session)))
         except pl.PlanError as error:  # the state changed since validation
             file, line = cell.location
             errors.append(f"{file}:{line}: {cell.name}: {error}")
@@ -265,7 +265,8 @@ class Run:
         options = self.session.options
         try:
             plan = pl.plan_cell(tracked.plan.cell, self.session.runs_dir, rerun=False, resume=options.resume,
-                                queued=queue_probe(self.session))
+                                queued=queue_probe(self.session),
+                                checkpoints=pl.checkpoint_dir(tracked.plan.cell, self.session))
         except pl.PlanError as error:
             self._finish(tracked, "failed", str(error))
             return

@@ -235,9 +235,10 @@ class CellLock:
             self._fd = None
 
 
-def has_checkpoints(directory: Path) -> bool:
-    ckpt = Path(directory) / CKPT_DIR
-    return ckpt.is_dir() and any(ckpt.iterdir())
+def has_entries(path: Path) -> bool:
+    """True for a directory with anything in it (a checkpoint dir that holds checkpoints)."""
+    path = Path(path)
+    return path.is_dir() and any(path.iterdir())
 
 
 def wipe_checkpoints(directory: Path) -> list[Path]:

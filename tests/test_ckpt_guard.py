@@ -122,12 +122,24 @@ resumed = sk.cell(resume_mode="latest")
 '''
 
 
-def test_sweep_run_wipes_a_fresh_cell_and_keeps_a_resuming_one(sweeper):
+def test_a_plain_run_never_wipes_checkpoints_it_finds(sweeper):
+    sweeper.grid("g", GRID)
+    root = sweeper.path / "ckpts"
+    steps = make_steps(root / "g" / "base", 10, 20) + make_steps(root / "g" / "resumed", 30)
+    result = sweeper.run("run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    assert result.ret != 0 and "nothing was run" in result.output, result
+    for cell in ("base", "resumed"):
+        assert f"{cell}: was pending and has checkpoints in {root / 'g' / cell}; pass --resume" in result.output
+    assert "deleting" not in result.output
+    assert all(step.is_dir() for step in steps)
+
+
+def test_rerun_wipes_a_fresh_cell_and_keeps_a_resuming_one(sweeper):
     sweeper.grid("g", GRID)
     root = sweeper.path / "ckpts"
     fresh_steps = make_steps(root / "g" / "base", 10, 20)
     resumed_steps = make_steps(root / "g" / "resumed", 30)
-    result = sweeper.run("run", "--executor", "debug", env={"CHECKPOINTS_DIR": str(root)})
+    result = sweeper.run("run", "--executor", "debug", "--rerun", env={"CHECKPOINTS_DIR": str(root)})
     assert result.ret == 0, result
     assert "deleting 2 checkpoint entries" in result.output and "global_step_10, global_step_20" in result.output
     assert not any(step.exists() for step in fresh_steps)
@@ -136,14 +148,36 @@ def test_sweep_run_wipes_a_fresh_cell_and_keeps_a_resuming_one(sweeper):
     assert f"CKPT_DIR={root / 'g' / 'base'}" in log
 
 
-def test_sweep_run_opt_out_by_env(sweeper):
+def test_rerun_opt_out_by_env(sweeper):
     sweeper.grid("g", GRID)
     root = sweeper.path / "ckpts"
     steps = make_steps(root / "g" / "base", 10)
-    result = sweeper.run("run", "--executor", "debug", "grids/g.py::base",
+    result = sweeper.run("run", "--executor", "debug", "--rerun", "grids/g.py::base",
                          env={"CHECKPOINTS_DIR": str(root), "CLEAN_CKPT": "0"})
     assert result.ret == 0, result
+    assert "switched off" in result.output
     assert steps[0].is_dir()
+
+
+def test_a_fresh_plan_without_rerun_keeps_checkpoints_that_appeared_since(sweeper, monkeypatch, capsys):
+    # The plan found none, then another process wrote some before the cell started: a
+    # plain run never asked to lose them.
+    from sweepkit.cli import start_session
+    from sweepkit.collect import collect
+    from sweepkit_plugins import ckpt_guard
+
+    sweeper.grid("g", GRID)
+    root = sweeper.path / "ckpts"
+    monkeypatch.setenv("CHECKPOINTS_DIR", str(root))
+    session = start_session(["run", "--executor", "debug", "--rootdir", str(sweeper.path),
+                             str(sweeper.path / "grids")])
+    session.configure()
+    (cell,) = [cell for cell in collect(session, [str(sweeper.path / "grids")]).cells if cell.name == "base"]
+    steps = make_steps(root / "g" / "base", 7)
+    ckpt_guard.sweep_prepare_cell_dir(cell=cell, cell_dir=sweeper.path / "runs" / "g" / "base", fresh=True,
+                                      session=session)
+    assert steps[0].is_dir()
+    assert "keeping 1 checkpoint entries" in capsys.readouterr().out
 
 
 def test_validation_refuses_unset_and_unknown_modes_before_anything_runs(sweeper, tmp_path):

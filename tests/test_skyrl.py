@@ -22,8 +22,10 @@ STAND_IN = '''
 import json, os, sys
 with open(os.path.join(os.environ["SWEEP_CELL_DIR"], "argv.jsonl"), "a") as seen:
     seen.write(json.dumps(sys.argv[1:]) + "\\n")
+ckpt = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("++trainer.ckpt_path=")),
+            os.environ["SWEEP_CKPT_DIR"])
 if "++trainer.resume_mode=latest" not in sys.argv:
-    os.makedirs(os.path.join(os.environ["SWEEP_CKPT_DIR"], "global_step_1"))
+    os.makedirs(os.path.join(ckpt, "global_step_1"))
     sys.exit("stand-in: stopped after step 1")
 '''
 
@@ -63,6 +65,26 @@ def test_the_entry_point_gets_the_overrides_fresh_then_resumed(sweeper, executor
     # An unset resume mode still reaches SkyRL explicitly: null fresh, latest on --resume.
     assert seen_argv(sweeper, "tuned") == [TUNED + ["++trainer.resume_mode=null"] + USER,
                                            TUNED + ["++trainer.resume_mode=latest"] + USER]
+
+
+def test_resume_from_checkpoints_under_the_checkpoint_root(sweeper):
+    # The cell's checkpoints live in <root>/<grid>/<cell>, not in its cell dir: a rerun
+    # must find them there, refuse to start over silently, and resume them on --resume.
+    stand_in_project(sweeper)
+    sweeper.grid("agentic", GRID.replace("lr=1e-6)", "lr=1e-6, resume_mode=None)"))
+    root = sweeper.path / "ckpts"
+    ckpt = root / "agentic" / "tuned"
+    run = ["run", "grids/agentic.py::tuned", "--executor", "debug"]
+    fresh = sweeper.run(*run, env={"CHECKPOINTS_DIR": str(root)})
+    assert fresh.ret != 0 and (ckpt / "global_step_1").is_dir(), fresh
+    plain = sweeper.run(*run, env={"CHECKPOINTS_DIR": str(root)})
+    assert plain.ret != 0 and f"has checkpoints in {ckpt}; pass --resume" in plain.output, plain
+    resumed = sweeper.run(*run, "--resume", env={"CHECKPOINTS_DIR": str(root)})
+    assert resumed.ret == 0 and "deleting" not in resumed.output, resumed
+    assert (ckpt / "global_step_1").is_dir()
+    first, last = seen_argv(sweeper, "tuned")
+    assert f"++trainer.ckpt_path={ckpt}" in first and "++trainer.resume_mode=null" in first
+    assert f"++trainer.ckpt_path={ckpt}" in last and "++trainer.resume_mode=latest" in last
 
 
 def test_a_cell_equal_to_base_gets_only_its_resume_mode(sweeper):

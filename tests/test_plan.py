@@ -1,0 +1,86 @@
+"""What ``sweep run`` plans for a cell with checkpoints, through the real ``sweep`` command,
+for both places a cell's checkpoints can be: its cell dir's ``ckpt/`` (``$SWEEP_CKPT_DIR``)
+and its own dir under a checkpoint root (``$CHECKPOINTS_DIR/<grid>/<cell>``, exported as
+``$CKPT_DIR``, the layout of SkyRL-style cells). The rules must be the same for both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+# Records what it found, leaves a checkpoint and fails on a fresh run; succeeds on a resume.
+STEPPER = '''
+import json, os, sys
+ckpt = os.environ[sys.argv[1]]
+found = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+with open(os.path.join(os.environ["SWEEP_CELL_DIR"], "seen.jsonl"), "a") as seen:
+    seen.write(json.dumps({"resume": os.environ["SWEEP_RESUME"], "found": found}) + "\\n")
+if os.environ["SWEEP_RESUME"] != "1":
+    os.makedirs(os.path.join(ckpt, "global_step_5"), exist_ok=True)
+    sys.exit("stepper: stopped after step 5")
+'''
+
+GRID = '''
+import sweepkit as sk
+target = sk.command("{{python}}", "-m", "stepper", "{variable}")
+base = sk.base(lr=1.0, resume_mode=None)
+'''
+
+# layout -> (the variable the cell writes its checkpoints under, where that is)
+LAYOUTS = {
+    "checkpoint_root": ("CKPT_DIR", lambda project: project / "ckpts" / "g" / "base"),
+    "cell_dir": ("SWEEP_CKPT_DIR", lambda project: project / "runs" / "g" / "base" / "ckpt"),
+}
+
+
+@pytest.fixture(params=sorted(LAYOUTS))
+def failed_cell(request, sweeper):
+    """A cell whose first run failed after leaving ``global_step_5``; returns its checkpoint dir."""
+    variable, where = LAYOUTS[request.param]
+    sweeper.write("stepper.py", STEPPER)
+    sweeper.grid("g", GRID.format(variable=variable))
+    root = sweeper.path / "ckpts" if variable == "CKPT_DIR" else ""
+    sweeper.env.update({"CHECKPOINTS_DIR": str(root), "CLEAN_CKPT": "", "SWEEP_CLUSTER": ""})
+    first = sweeper.run("run", "--executor", "debug")
+    assert first.ret != 0 and "stepper: stopped after step 5" in first.output, first
+    ckpt = where(sweeper.path)
+    assert (ckpt / "global_step_5").is_dir()
+    return ckpt
+
+
+def seen(sweeper) -> list[dict]:
+    lines = (sweeper.path / "runs" / "g" / "base" / "seen.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_a_plain_rerun_stops_and_keeps_the_checkpoints(sweeper, failed_cell):
+    again = sweeper.run("run", "--executor", "debug")
+    assert again.ret != 0, again
+    assert f"base: was failed and has checkpoints in {failed_cell}; pass --resume" in again.output
+    assert "nothing was run" in again.output and "deleting" not in again.output
+    assert (failed_cell / "global_step_5").is_dir()
+    assert len(seen(sweeper)) == 1  # the cell did not start
+
+
+def test_resume_continues_from_the_checkpoints(sweeper, failed_cell):
+    resumed = sweeper.run("run", "--executor", "debug", "--resume")
+    assert resumed.ret == 0, resumed
+    assert "deleting" not in resumed.output
+    assert seen(sweeper)[-1] == {"resume": "1", "found": ["global_step_5"]}
+    assert (failed_cell / "global_step_5").is_dir()
+
+
+def test_rerun_deletes_them_and_starts_over(sweeper, failed_cell):
+    rerun = sweeper.run("run", "--executor", "debug", "--rerun")
+    assert rerun.ret != 0 and "stepper: stopped after step 5" in rerun.output, rerun
+    assert "global_step_5" in rerun.output  # what is deleted is named first
+    assert seen(sweeper)[-1] == {"resume": "0", "found": []}
+
+
+def test_the_dry_run_plans_the_resume(sweeper, failed_cell):
+    planned = sweeper.run("run", "--executor", "debug", "--resume", "--dry-run")
+    assert planned.ret == 0, planned
+    assert "RESUME   grids/g.py::base  (resuming a failed run)" in planned.stdout
+    assert "env:  SWEEP_RESUME=1" in planned.stdout
+    assert (failed_cell / "global_step_5").is_dir()
