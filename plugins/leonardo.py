@@ -6,7 +6,9 @@ Rules, each refused before anything is submitted:
   quota'd ``$SCRATCH_FAST`` fails mid-run with ``OSError: [Errno 122] Disk quota
   exceeded`` (it took down twelve cells on 2026-06-19);
 - QOS: the debug QOS (``$SWEEP_DEBUG_QOS``, e.g. ``boost_qos_dbg``) allows 30 minutes and
-  2 nodes; every other QOS 23:59:00, past which a cell chains with ``max_restarts``;
+  2 nodes; every other QOS 23:59:00, past which a cell chains with ``max_restarts``. A
+  cell without ``time_limit`` gets its QOS's longest wall (00:30:00 under the debug QOS),
+  and its job script says so;
 - A100-64GB ceilings on one node: ``gpu_memory_utilization`` above 0.85 OOMs eval, and a
   dense model of 32B or more (a MoE of 30B or more) OOMs in backward / weight sync; both
   are accepted only on a cell marked ``xfail`` (a ceiling probe);
@@ -107,9 +109,8 @@ def _under(path: Path, root: Path) -> bool:
 
 def write_paths(cell, session, environ: Mapping[str, str]) -> dict[str, Path]:
     """The checkpoint and export paths the cell's process writes to."""
-    root = ckpt_guard.checkpoint_root(cell, environ)
-    ckpt = (ckpt_guard.cell_ckpt_dir(cell, root) if root
-            else Path(session.runs_dir) / cell.grid_name / cell.name / "ckpt")
+    ckpt = (ckpt_guard.ckpt_dir_of(cell, environ)
+            or Path(session.runs_dir) / cell.grid_name / cell.name / "ckpt")
     paths = {"checkpoint": ckpt}
     export = ckpt_guard.export_dir(cell, environ)
     paths["export"] = export if export is not None else ckpt / "export"
@@ -212,6 +213,16 @@ def job_qos(cell, environ: Mapping[str, str]) -> str | None:
     return cell.launch().get("qos") or environ.get("SWEEP_QOS") or None
 
 
+def job_time_limit(cell, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    """The job's wall, and the script's comment lines when it is not the cell's own: a cell
+    without ``time_limit`` gets the longest its QOS allows (the debug QOS refuses more)."""
+    if cell.launch().get("time_limit") is not None:
+        return clusters.job_time_limit(cell, CLUSTER), []
+    limit = qos_limit(job_qos(cell, environ), environ)
+    return limit.max_time, [f"# --time={limit.max_time}: the cell sets no time_limit, so it gets the "
+                            f"longest wall QOS {limit.name} allows"]
+
+
 def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobPieces:
     container = container_of(cell, environ, cell_dir)
     nodes = clusters.cell_nodes(cell, CLUSTER)
@@ -226,14 +237,15 @@ def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobP
             python=container.venv_bin("python") if container else "python")
         bringup = ray_cluster.render_bringup(spec)
     env = offline_env(environ, in_container=container is not None)
+    time_limit, time_note = job_time_limit(cell, environ)
     return clusters.JobPieces(
         cluster=CLUSTER.name, nodes=nodes, gpus_per_node=per_node,
-        time_limit=clusters.job_time_limit(cell, CLUSTER),
+        time_limit=time_limit,
         account=launch.get("account") or environ.get("SWEEP_ACCOUNT"),
         partition=launch.get("partition") or environ.get("SWEEP_PARTITION") or DEFAULT_PARTITION,
         qos=job_qos(cell, environ),
         # The writable HOME and caches must exist before Ray or the trainer write there.
-        preamble=[clusters.make_dirs_line(env["XDG_CACHE_HOME"], env["XDG_CONFIG_HOME"])],
+        preamble=[*time_note, clusters.make_dirs_line(env["XDG_CACHE_HOME"], env["XDG_CONFIG_HOME"])],
         env=env,
         argv_prefix=container.argv_prefix() if container else (),
         python=clusters.python_of(cell, environ, container),

@@ -150,3 +150,21 @@ def test_container_wrapper_and_job_pieces(tmp_path):
     assert "NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in pieces.ray_bringup
     one_node = leonardo.job_pieces(attrs.evolve(cell, config={"num_gpus": 4}), environ)
     assert (one_node.nodes, one_node.ray_bringup) == (1, None)
+
+
+def test_a_cell_without_time_limit_gets_its_qos_wall(sweeper):
+    from test_cluster_scripts import dry_run, ok
+
+    sweeper.grid("walls", '''
+        import sweepkit as sk
+        target = sk.command("{python}", "-c", "pass")
+        base = sk.base(gpus=1, resume_mode=None)
+        debug = sk.cell(qos="boost_qos_dbg")
+    ''')
+    rendered = ok(dry_run(sweeper, "leonardo", "grids/walls.py"))
+    debug = rendered.text("walls_debug.sbatch").splitlines()
+    assert "#SBATCH --time=00:30:00" in debug and "#SBATCH --qos=boost_qos_dbg" in debug
+    assert ("# --time=00:30:00: the cell sets no time_limit, so it gets the longest wall QOS boost_qos_dbg "
+            "allows") in debug
+    normal = rendered.text("walls_base.sbatch").splitlines()
+    assert "#SBATCH --time=23:59:00" in normal and "#SBATCH --qos=normal" in normal
