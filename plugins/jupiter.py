@@ -7,8 +7,12 @@ Rules, each refused before anything is submitted:
 - the wall is 11:59:00; a longer cell chains with ``max_restarts`` (a link ending in
   TIMEOUT is the normal end of a healthy link);
 - MoE: ``fsdp_size`` divides ``num_experts // ep_size``;
-- vLLM data parallel > 1: the DP master address is never loopback (Ray registers the head
-  under its real IPv4, so 127.0.0.1 fails with "DP master node missing or dead");
+- vLLM data parallel: a DP master address the cell gives is never loopback (Ray registers
+  the head under its real IPv4, so 127.0.0.1 fails with "DP master node missing or dead").
+  The address is best left unset: the engines derive it from the Ray cluster (the seed's
+  launcher injects the head IP itself). Where a cell does give one, it reaches the job the
+  way the cell wrote it (a config key or Hydra override on the SkyRL command line, or
+  ``VLLM_DP_MASTER_IP`` in its ``env``), and that value is what is checked;
 - a cell that targets a SkyRL entry point reaches it as Hydra ``++path=value`` overrides
   (:func:`hydra_overrides`); a bare top-level key, which Hydra rejects against the
   struct config, is refused.
@@ -34,6 +38,7 @@ values in the docs are examples:
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Mapping
 from typing import Optional
 
@@ -71,7 +76,7 @@ def moe_errors(cell) -> list[str]:
 
 
 def _is_loopback(address: str) -> bool:
-    host = address.strip()
+    host = address.strip().strip("'\"")
     if host.startswith("["):  # [::1]:port
         host = host[1:].split("]", 1)[0]
     elif host.count(":") == 1:  # host:port
@@ -84,21 +89,32 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def data_parallel_errors(cell) -> list[str]:
+#: Where a cell can give vLLM's data-parallel master address: vLLM's engine argument (a
+#: config key or Hydra override path ending in one of these) and its environment variable.
+DP_ADDRESS_KEYS = ("data_parallel_address", "data_parallel_master_ip", "data-parallel-address")
+DP_ADDRESS_ENV = "VLLM_DP_MASTER_IP"
+
+
+def dp_addresses(cell) -> list[tuple[str, str]]:
+    """``(where, value)`` of every DP master address the cell's job will get."""
     launch = cell.launch()
-    if (launch.get("vllm_dp_size") or 1) <= 1:
-        return []
-    addresses = [("dp_master_address", launch.get("dp_master_address"))]
+    found = [(key, str(value)) for key, value in cell.config.items()
+             if value is not None and any(name in key for name in DP_ADDRESS_KEYS)]
     for override in launch.get("hydra_overrides") or ():
-        if "data_parallel_address" in str(override) or "data-parallel-address" in str(override):
-            addresses.append(("hydra_overrides", str(override).split("=", 1)[-1]))
-    for key, value in cell.config.items():
-        if "data_parallel_address" in key:
-            addresses.append((key, value))
-    return [f"{where}={value!r} is loopback but vllm_dp_size={launch['vllm_dp_size']}: Ray registers "
-            "the head only under its real IPv4 and vLLM fails with 'DP master node missing or dead'; "
-            "leave it unset (the job uses $RAY_HEAD_IP) or give the head's real IPv4"
-            for where, value in addresses if value and _is_loopback(str(value))]
+        key, _, value = str(override).partition("=")
+        if any(name in key for name in DP_ADDRESS_KEYS):
+            found.append((f"hydra_overrides {key}", value))
+    env = launch.get("env") or {}
+    if env.get(DP_ADDRESS_ENV):
+        found.append((f"env {DP_ADDRESS_ENV}", str(env[DP_ADDRESS_ENV])))
+    return found
+
+
+def data_parallel_errors(cell) -> list[str]:
+    return [f"{where}={value!r} is a loopback address: with vLLM data parallel > 1 Ray registers the "
+            "head only under its real IPv4 and vLLM fails with 'DP master node missing or dead'; "
+            "leave the address unset (it is derived from the Ray cluster) or give the head's real IPv4"
+            for where, value in dp_addresses(cell) if _is_loopback(value)]
 
 
 @hookimpl
@@ -125,11 +141,6 @@ def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobP
     container = container_of(cell, environ, cell_dir)
     venv = clusters.venv_of(cell, environ)
     env = {"RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    if (launch.get("vllm_dp_size") or 1) > 1:
-        env["SWEEP_VLLM_DP_SIZE"] = str(launch["vllm_dp_size"])
-    preamble = []
-    if environ.get("SWEEP_RESERVATION"):
-        preamble.append(f"#SBATCH --reservation={environ['SWEEP_RESERVATION']}")
     bringup = None
     if nodes > 1:
         prefix = container.argv_prefix() if container else ()
@@ -142,7 +153,7 @@ def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobP
         account=launch.get("account") or environ.get("SWEEP_ACCOUNT"),
         partition=launch.get("partition") or environ.get("SWEEP_PARTITION"),
         qos=launch.get("qos") or environ.get("SWEEP_QOS") or None,
-        preamble=preamble, env=env,
+        env=env,
         argv_prefix=container.argv_prefix() if container else (),
         python=clusters.python_of(cell, environ, container),
         ray_bringup=bringup,
@@ -153,9 +164,6 @@ LAUNCH_KEYS = (
     ("num_experts", Optional[int], None, "experts of a MoE model (for the fsdp_size rule)"),
     ("ep_size", Optional[int], None, "expert-parallel size of a MoE policy"),
     ("fsdp_size", Optional[int], None, "FSDP shard group size of the policy"),
-    ("vllm_dp_size", int, 1, "vLLM data-parallel size of an inference engine"),
-    ("dp_master_address", Optional[str], None,
-     "vLLM data-parallel master address (None: the Ray head's IPv4; never loopback)"),
 )
 
 
@@ -163,4 +171,11 @@ LAUNCH_KEYS = (
 def sweep_register_keys(register):
     for name, tp, default, doc in LAUNCH_KEYS:
         register(name, tp, default, doc)
+
+
+@hookimpl
+def sweep_job_sbatch_options(cell, session):
+    # An sbatch option, not a preamble line: the renderer quotes it and refuses a line break.
+    reservation = os.environ.get("SWEEP_RESERVATION")
+    return {"reservation": reservation} if reservation else {}
 

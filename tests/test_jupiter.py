@@ -3,6 +3,7 @@ cluster selection."""
 
 from __future__ import annotations
 
+import shlex
 
 import pytest
 
@@ -23,8 +24,12 @@ base = sk.base(model="Qwen/Qwen3-Coder-30B-A3B-Instruct", policy_num_gpus=16,
 one_node = sk.cell(num_nodes=1)
 long_wall = sk.cell(time_limit="24:00:00", max_restarts=0)
 moe_bad = sk.cell(fsdp_size=3)
-dp_loopback = sk.cell(vllm_dp_size=2, dp_master_address="127.0.0.1")
-dp_real = sk.cell(vllm_dp_size=2, dp_master_address="10.1.2.3")
+dp_loopback = sk.cell(**{{"generator.engine_init_kwargs.data_parallel_address": "127.0.0.1"}})
+dp_loopback_override = sk.cell(hydra_overrides=["++generator.engine_init_kwargs.data_parallel_address='[::1]'"])
+dp_loopback_env = sk.cell(env={{"VLLM_DP_MASTER_IP": "localhost"}})
+dp_dead_knob = sk.cell(dp_master_address="10.1.2.3")  # no longer a launch key: it reached nothing
+dp_real = sk.cell(**{{"generator.engine_init_kwargs.data_parallel_address": "10.1.2.3"}},
+                  env={{"VLLM_DP_MASTER_IP": "10.1.2.3"}})
 bare_key = sk.cell(enable_db_registration=False)
 bare_override = sk.cell(hydra_overrides=["enable_db_registration=false"])
 dotted = sk.cell(**{{"trainer.enable_db_registration": False, "generator.sampling_params.temperature": 1.0}},
@@ -45,7 +50,11 @@ def rules_run(tmp_path_factory):
     ("one_node", "num_nodes=1 disagrees with the GPU budget: 24 GPUs"),
     ("long_wall", "set time_limit='11:59:00' and max_restarts=2"),
     ("moe_bad", "fsdp_size=3 does not divide num_experts // ep_size = 128 // 4 = 32"),
-    ("dp_loopback", "dp_master_address='127.0.0.1' is loopback"),
+    ("dp_loopback", "generator.engine_init_kwargs.data_parallel_address='127.0.0.1' is a loopback address"),
+    ("dp_loopback_override", "hydra_overrides ++generator.engine_init_kwargs.data_parallel_address=\"'[::1]'\" "
+                             "is a loopback address"),
+    ("dp_loopback_env", "env VLLM_DP_MASTER_IP='localhost' is a loopback address"),
+    ("dp_dead_knob", "'dp_master_address' is a bare top-level key"),
     ("bare_key", "'enable_db_registration' is a bare top-level key"),
     ("bare_override", "'enable_db_registration=false' is not a struct-safe override"),
 ])
@@ -103,3 +112,44 @@ def test_hostname_detection():
     assert clusters.select_cluster(None, profiles, {}, "jpbo-012-07") == "jupiter"
     assert clusters.select_cluster(None, profiles, {}, "laptop") is None
     assert clusters.select_cluster(None, profiles, {"SWEEP_CLUSTER": "jupiter"}, "lrdn0001") == "jupiter"
+
+
+def listed_command_and_env(script: str) -> tuple[list[str], list[str]]:
+    """The command line and the env lines a job script lists for its (one) cell."""
+    lines = script.splitlines()
+    (command,) = [line for line in lines if line.startswith("#   command: ")]
+    return shlex.split(command.removeprefix("#   command: ")), [line for line in lines if line.startswith("#   env:")]
+
+
+def test_a_dp_master_address_the_cell_gives_reaches_the_job(sweeper):
+    from test_cluster_scripts import dry_run, ok
+
+    sweeper.grid("rules", RULES_GRID)
+    rendered = ok(dry_run(sweeper, "jupiter", "grids/rules.py::dp_real"))
+    script = rendered.text("rules_dp_real.sbatch")
+    command, env = listed_command_and_env(script)
+    assert "++generator.engine_init_kwargs.data_parallel_address=10.1.2.3" in command
+    assert "#   env:     VLLM_DP_MASTER_IP=10.1.2.3" in env
+    assert "SWEEP_VLLM_DP_SIZE" not in script
+
+
+@pytest.mark.parametrize("reservation, line", [
+    ("reformo", "#SBATCH --reservation=reformo"),
+    ("res; touch /tmp/pwned", "#SBATCH --reservation='res; touch /tmp/pwned'"),
+])
+def test_the_reservation_reaches_the_header_quoted(sweeper, reservation, line):
+    from test_cluster_scripts import dry_run, ok
+
+    sweeper.grid("rules", RULES_GRID)
+    rendered = ok(dry_run(sweeper, "jupiter", "grids/rules.py::base", env={"SWEEP_RESERVATION": reservation}))
+    header = [text for text in rendered.text("rules_base.sbatch").splitlines() if text.startswith("#SBATCH")]
+    assert [text for text in header if text.startswith("#SBATCH --reservation")] == [line]
+
+
+def test_a_reservation_with_a_line_break_is_refused(sweeper):
+    from test_cluster_scripts import dry_run
+
+    sweeper.grid("rules", RULES_GRID)
+    rendered = dry_run(sweeper, "jupiter", "grids/rules.py::base", env={"SWEEP_RESERVATION": "res\nrm -rf ~"})
+    assert rendered.result.ret != 0 and not rendered.scripts, rendered.result
+    assert "sbatch option reservation: 'res\\nrm -rf ~' has a line break" in rendered.result.output
