@@ -135,3 +135,45 @@ def test_job_names_are_sanitised():
     assert sb.job_name("gsm8k_throughput", "lr1e-05_n4") == "gsm8k_throughput_lr1e-05_n4"
     assert sb.job_name("g", "a b;$(id)") == "g_a_b_id_"
     assert sb.time_text(90_061) == "1-01:01:01"
+
+
+# -- GPUs of a cell no cluster plugin sizes: `gpus` is the total, spread over the nodes ----------
+
+SPREAD_GRID = '''
+import sweepkit as sk
+target = sk.command("{python}", "-c", "pass")
+base = sk.base(gpus=2)
+two_nodes = sk.cell(gpus=8, num_nodes=2)
+by_node_size = sk.cell(gpus=12, gpus_per_node=4)
+whole_nodes = sk.cell(gpus=0, num_nodes=2, gpus_per_node=4)
+uneven = sk.cell(gpus=6, num_nodes=4)
+too_many = sk.cell(gpus=8, num_nodes=1, gpus_per_node=4)
+'''
+
+
+def no_cluster_dry_run(sweeper, spec: str):
+    sweeper.grid("spread", SPREAD_GRID)
+    return sweeper.run("run", f"grids/spread.py{spec}", "--executor", "slurm", "--cluster", "none", "--dry-run",
+                       env={"SWEEP_CLUSTER": "", "CHECKPOINTS_DIR": ""})
+
+
+@pytest.mark.parametrize("cell, nodes, per_node", [
+    ("base", 1, 2), ("two_nodes", 2, 4), ("by_node_size", 3, 4), ("whole_nodes", 2, 4),
+])
+def test_gpus_are_the_cells_total_spread_over_its_nodes(sweeper, cell, nodes, per_node):
+    result = no_cluster_dry_run(sweeper, f"::{cell}")
+    assert result.ret == 0, result
+    script = (sweeper.path / "runs" / ".dry-run" / "spread" / f"spread_{cell}.sbatch").read_text().splitlines()
+    assert f"#SBATCH --nodes={nodes}" in script and f"#SBATCH --gpus-per-node={per_node}" in script
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("uneven", "uneven: cannot make its SLURM job: gpus=6 (the GPUs the cell needs, in all) cannot be spread "
+               "evenly over num_nodes=4; set gpus to a multiple of 4"),
+    ("too_many", "too_many: cannot make its SLURM job: gpus=8 over num_nodes=1 is 8 GPUs a node, more than "
+                 "gpus_per_node=4; set num_nodes=2"),
+])
+def test_gpus_that_do_not_spread_are_refused(sweeper, cell, message):
+    result = no_cluster_dry_run(sweeper, f"::{cell}")
+    assert result.ret != 0 and message in result.output, result
+    assert not (sweeper.path / "runs" / ".dry-run").exists()

@@ -4,7 +4,9 @@ Each cell's job script is assembled from a :class:`~sweepkit.executors.sbatch.Jo
 built from the cell's launch keys (``gpus``, ``cpus``, ``mem_gb``, ``time_limit``,
 ``partition``, ``account``, ``qos``, ``sbatch``, ``max_restarts``) and from the hooks
 ``sweep_job_resources`` (a cluster's pieces: nodes, GPUs per node, preamble, container
-wrapper, env, Ray bring-up) and ``sweep_job_sbatch_options``. What is submitted:
+wrapper, env, Ray bring-up) and ``sweep_job_sbatch_options``. Without a cluster's pieces,
+``gpus`` (the GPUs the cell needs, in all) is spread evenly over the job's nodes
+(:func:`spread_gpus`). What is submitted:
 
 - a cell with ``max_restarts K > 0``: a chain of a head job and K ``afterany`` links
   (:mod:`sweepkit.chain`), one cell per chain;
@@ -33,6 +35,7 @@ a developer's box running ``scripts/local-slurm``, keeps running cells locally u
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import shutil
@@ -76,6 +79,32 @@ def job_folder(job: CellJob) -> Path:
 # -- the request of a cell ---------------------------------------------------------------
 
 
+def spread_gpus(gpus: int, nodes: int | None, node_size: int | None) -> tuple[int, int]:
+    """Nodes and GPUs per node of a job whose GPUs no cluster plugin places.
+
+    ``gpus`` is the cell's total (launch key ``gpus``). The nodes are ``nodes`` (``num_nodes``),
+    else as many nodes of ``node_size`` (``gpus_per_node``) GPUs as the total needs, else
+    one; each node is asked for an equal share of the total (``node_size`` itself when the
+    cell sets no ``gpus``). RequestError, naming the keys, when the total does not divide
+    evenly over the nodes or a share is more than a node has.
+    """
+    if nodes is None:
+        nodes = math.ceil(gpus / node_size) if node_size and gpus else 1
+    if nodes < 1:
+        raise sb.RequestError(f"num_nodes={nodes}: a job needs at least one node")
+    if not gpus:
+        return nodes, node_size or 0
+    if gpus % nodes:
+        raise sb.RequestError(f"gpus={gpus} (the GPUs the cell needs, in all) cannot be spread evenly over "
+                              f"num_nodes={nodes}; set gpus to a multiple of {nodes} or change num_nodes")
+    share = gpus // nodes
+    if node_size and share > node_size:
+        raise sb.RequestError(f"gpus={gpus} over num_nodes={nodes} is {share} GPUs a node, more than "
+                              f"gpus_per_node={node_size}; set num_nodes={math.ceil(gpus / node_size)} "
+                              "or leave it unset to derive it")
+    return nodes, share
+
+
 def request_for(cell, session) -> sb.JobRequest:
     """The job request of ``cell``: its launch keys, overridden by a cluster's pieces."""
     launch = cell.launch()
@@ -85,6 +114,10 @@ def request_for(cell, session) -> sb.JobRequest:
         value = getattr(pieces, name, None) if pieces is not None else None
         return default if value is None else value
 
+    nodes, gpus_per_node = piece("nodes", launch.get("num_nodes")), piece("gpus_per_node")
+    if gpus_per_node is None:
+        nodes, gpus_per_node = spread_gpus(int(launch.get("gpus") or 0), None if nodes is None else int(nodes),
+                                           launch.get("gpus_per_node"))
     time_limit = piece("time_limit")
     if time_limit is None and launch.get("time_limit") is not None:
         time_limit = sb.time_text(parse_time_limit(launch["time_limit"]))
@@ -94,8 +127,8 @@ def request_for(cell, session) -> sb.JobRequest:
     options.update(launch.get("sbatch") or {})
     return sb.JobRequest(
         name=sb.job_name(cell.grid_name, cell.name),
-        nodes=int(piece("nodes", launch.get("num_nodes") or 1)),
-        gpus_per_node=int(piece("gpus_per_node", launch.get("gpus") or 0)),
+        nodes=int(nodes or 1),
+        gpus_per_node=int(gpus_per_node),
         cpus=launch.get("cpus"),
         mem_gb=launch.get("mem_gb"),
         time_limit=time_limit,
