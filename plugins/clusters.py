@@ -179,8 +179,11 @@ def sweep_choose_executor(session):
 def concurrency_cap(session) -> int | None:
     """How many cells may run at once on the active cluster (None: no cap).
 
-    The SLURM executor holds this many slots under its runs-dir lock; pending jobs and
-    chain links waiting on a dependency do not count.
+    The SLURM executor keeps at most this many of the runs dir's jobs in the queue
+    (:mod:`sweepkit.executors.slurm_jobs`, under its submit lock). A pending job counts:
+    SLURM starts it without asking anyone, so the cap on running cells holds only if no
+    more are queued. A chain counts once, however many of its links wait on a dependency
+    (those are the seed's "pending restart links", which do not count).
     """
     profile = active_profile(session)
     return profile.max_running if profile else None
