@@ -54,20 +54,31 @@ class Target:
     """What a cell's process runs.
 
     ``argv`` is a template; sweepkit substitutes ``{python}`` (the interpreter),
-    ``{config}``, ``{ckpt_dir}``, ``{metrics}`` and ``{cell_dir}``.
-    ``schema`` maps every key the target accepts to
+    ``{config}``, ``{ckpt_dir}``, ``{metrics}`` and ``{cell_dir}`` (the process's working
+    directory), and, from ``places``, ``{grid_dir}`` (the grid file's directory) and
+    ``{root}`` (the project root), so that a script of the project can be named although
+    the process runs in its cell dir. ``schema`` maps every key the target accepts to
     ``{"type", "type_name", "default", "doc"}``; ``None`` accepts any key.
     """
 
     name: str
     argv: tuple[str, ...] = attrs.field(converter=_tuple)
     schema: Mapping[str, dict] | None = attrs.field(default=None, hash=False, eq=False)
+    # Where the grid that uses the target lives; not part of the identity of a target (nor
+    # of a cell's config hash): a project moved elsewhere runs the same cells.
+    places: Mapping[str, str] = attrs.field(factory=dict, converter=_dict, hash=False, eq=False)
+
+    def placed(self, *, grid_dir: str, root: str) -> "Target":
+        """This target as a grid at ``grid_dir`` in the project at ``root`` runs it."""
+        return attrs.evolve(self, places={"grid_dir": str(grid_dir), "root": str(root)})
 
     def render_argv(self, **paths: str) -> list[str]:
-        """The command line with the placeholders filled (unknown braces are left alone)."""
+        """The command line with the placeholders filled (unknown braces are left alone:
+        an argument may be code with braces of its own)."""
+        values = {**self.places, **paths}
         out = []
         for part in self.argv:
-            for key, value in paths.items():
+            for key, value in values.items():
                 part = part.replace("{" + key + "}", str(value))
             out.append(part)
         return out
@@ -137,7 +148,8 @@ class Cell:
             "grid": self.grid,
             "grid_name": self.grid_name,
             "name": self.name,
-            "target": {"name": self.target.name, "argv": list(self.target.argv)},
+            "target": {"name": self.target.name, "argv": list(self.target.argv),
+                       "places": dict(self.target.places)},
             "config": dict(self.config),
             "target_config": self.target_config(),
             "launch": self.launch(),

@@ -180,7 +180,7 @@ def _grid_spec(module, path: Path, session) -> GridSpec:
     return GridSpec(
         grid=display, grid_name=path.stem,
         target=_target(module.__dict__.get("target", DEFAULT_TARGET), (str(path), lines.get("target", 0)),
-                       session),
+                       session).placed(grid_dir=path.parent, root=session.rootdir),
         module_marks=module_marks, base=base, base_start=_base_start(base, path, session),
         declarations=tuple((n, d) for n, d in own if not isinstance(d, BaseDecl)))
 

@@ -180,9 +180,11 @@ def product(*, id: str | None = None, on=None, marks=(), **axes: Sequence) -> Pr
 
 
 def command(*argv: str, schema: Mapping[str, dict] | None = None) -> Target:
-    """A target that runs any command: ``sk.command("{python}", "train.py", "{config}")``.
+    """A target that runs any command: ``sk.command("{python}", "{root}/train.py", "{config}")``.
 
-    Without a schema, keys are free; a key's type is then checked against the base value's.
+    The process runs in its cell dir: name the project's files through ``{root}`` or
+    ``{grid_dir}`` (:class:`sweepkit.cell.Target` lists the placeholders). Without a
+    schema, keys are free; a key's type is then checked against the base value's.
     """
     if not argv or not all(isinstance(a, str) for a in argv):
         raise GridError(caller_location(), f"command: expected strings, got {argv!r}")
