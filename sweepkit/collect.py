@@ -2,7 +2,8 @@
 
 A grid file is executed as a Python module; its module-level ``sk.*``
 declarations become cells (:mod:`sweepkit.resolve`). ``sweepconf.py`` files
-are loaded before the directory they sit in is collected.
+are loaded before the directory they sit in is collected. A bad file does not stop the
+others from being collected: the mistakes of every file are reported together.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import attrs
 from sweepkit import plugin
 from sweepkit.cell import Cell, Mark, Target
 from sweepkit.errors import UsageError, did_you_mean, display_path
-from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, ProductDecl
+from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, ProductDecl
 from sweepkit.hookspec import hookimpl
 from sweepkit.ids import format_value
 from sweepkit.resolve import GridSpec, Start, build_cells
 
 DEFAULT_GRID_DIR = "grids"
 DEFAULT_TARGET = "trainer"
+# session.stash key: grid path -> the UsageError its collection raised (raised again, not
+# collected again, when another grid takes its base from it).
+FAILED = "collect.failed"
 
 
 @attrs.frozen(kw_only=True)
@@ -79,47 +83,74 @@ def load_sweepconfs_for(directory: Path, session) -> None:
 
 
 def collect(session, args: list[str]) -> Collected:
-    """Collect every grid file the arguments name (before profiles and selection)."""
+    """Collect every grid file the arguments name (before profiles and selection); one
+    UsageError lists the mistakes of all of them."""
     cells: list[Cell] = []
     wanted: dict[str, frozenset[str] | None] = {}
     owners: dict[str, str] = {}
+    errors: list[str] = []
     for path, name in files_of_args(args, session.rootdir):
         display = session.display_path(path)
         if display not in wanted:
-            file_cells = collect_file(path, session)
-            for cell in file_cells:
-                owner = owners.setdefault(cell.grid_name, cell.grid)
-                if owner != cell.grid:
-                    raise UsageError(f"{cell.grid} and {owner} are both grid {cell.grid_name!r}; "
-                                     f"their runs would share runs/{cell.grid_name}/: rename one")
-            cells += file_cells
+            owner = owners.setdefault(path.stem, display)
+            if owner != display:
+                errors.append(f"{display} and {owner} are both grid {path.stem!r}; "
+                              f"their runs would share runs/{path.stem}/: rename one")
+            try:
+                cells += collect_file(path, session)
+            except UsageError as exc:
+                errors += exc.lines
             wanted[display] = frozenset()
         if name is None or wanted[display] is None:
             wanted[display] = None
         else:
             wanted[display] = wanted[display] | {name}
+    if errors:
+        # A grid whose base comes from a bad grid repeats that grid's errors.
+        errors = list(dict.fromkeys(errors))
+        if len(errors) > 1:
+            bad_files = len(session.stash.get(FAILED, ()))  # also a grid that only gives a base
+            where = f" in {bad_files} grid files" if bad_files > 1 else ""
+            errors.append(f"{len(errors)} errors found{where}; nothing was run")
+        raise UsageError(*errors)
     return Collected(cells=tuple(cells), wanted=wanted)
 
 
 def collect_file(path: Path, session) -> list[Cell]:
     """Cells of one grid file, collected once per session (a base from another grid reuses them)."""
     path = Path(path).resolve()
+    failed = session.stash.setdefault(FAILED, {})
+    if path in failed:
+        raise failed[path]
     if path in session.collected:
         if session.collected[path] is None:
             raise UsageError(f"{session.display_path(path)}: grids take their base from each other "
                              "in a cycle")
         return session.collected[path]
     session.collected[path] = None
-    load_sweepconfs_for(path.parent, session)
     try:
-        cells = session.hook.sweep_collect_file(path=path, session=session)
-    except GridError as exc:
-        raise UsageError(f"{session.display_path(exc.location[0])}:{exc.location[1]}: "
-                         f"{exc.message}") from None
-    if cells is None:
-        raise UsageError(f"{session.display_path(path)}: no plugin collects this file")
+        load_sweepconfs_for(path.parent, session)
+        try:
+            cells = session.hook.sweep_collect_file(path=path, session=session)
+        except (GridError, GridErrors) as exc:
+            raise grid_usage_error(exc, session.rootdir) from None
+        if cells is None:
+            raise UsageError(f"{session.display_path(path)}: no plugin collects this file")
+    except UsageError as exc:
+        del session.collected[path]
+        failed[path] = exc
+        raise
     session.collected[path] = list(cells)
     return session.collected[path]
+
+
+def grid_usage_error(exc: GridError | GridErrors, rootdir: Path) -> UsageError:
+    """Each mistake as ``file:line: message`` (``file: message`` where no line applies)."""
+    lines = []
+    for error in exc.errors if isinstance(exc, GridErrors) else (exc,):
+        file, line = display_path(error.location[0], rootdir), error.location[1]
+        lines.append(f"{file}:{line}: {error.message}" if line else f"{file}: {error.message}")
+    return UsageError(*lines)
 
 
 def exec_python_file(path: Path, rootdir: Path, module_name: str):
@@ -141,8 +172,7 @@ def exec_python_file(path: Path, rootdir: Path, module_name: str):
     try:
         exec(code, module.__dict__)
     except GridError as exc:
-        raise UsageError(f"{display_path(exc.location[0], rootdir)}:{exc.location[1]}: "
-                         f"{exc.message}") from None
+        raise grid_usage_error(exc, rootdir) from None
     except Exception as exc:
         line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
                      if Path(f.filename) == path), 0)
@@ -166,23 +196,36 @@ def _grid_spec(module, path: Path, session) -> GridSpec:
     own = [(name, value) for name, value in vars(module).items()
            if isinstance(value, (BaseDecl, CellDecl, AxisDecl, ProductDecl))
            and Path(value.location[0]) == path]
+    problems: list[GridError] = []
     bases = [(name, d) for name, d in own if isinstance(d, BaseDecl)]
-    if not bases:
-        raise UsageError(f"{display}: no base cell; declare one with base = sk.base(...)")
-    if len(bases) > 1:
-        raise GridError(bases[1][1].location, f"a second sk.base ({bases[1][0]!r}); a grid has one base")
-    base = bases[0][1]
+    problems += [GridError(d.location, f"a second sk.base ({name!r}); a grid has one base")
+                 for name, d in bases[1:]]
     module_marks = module.__dict__.get("marks", ())
     module_marks = (module_marks,) if isinstance(module_marks, Mark) else tuple(module_marks)
     if not all(isinstance(m, Mark) for m in module_marks):
-        raise GridError((str(path), lines.get("marks", 0)),
-                        f"marks: expected a list of sk.mark.<name>, got {module.marks!r}")
+        problems.append(GridError((str(path), lines.get("marks", 0)),
+                                  f"marks: expected a list of sk.mark.<name>, got {module.marks!r}"))
+        module_marks = ()
+    target_value = module.__dict__.get("target", DEFAULT_TARGET)
+    try:
+        target = _target(target_value, (str(path), lines.get("target", 0)), session)
+    except GridError as error:
+        problems.append(error)
+        target = Target(name=str(target_value), argv=())  # stands in while the cells are checked
+    if not bases:
+        problems.append(GridError((str(path), 0), "no base cell; declare one with base = sk.base(...)"))
+        raise GridErrors(problems)
+    base = bases[0][1]
+    try:
+        base_start = _base_start(base, path, session)
+    except GridError as error:
+        raise GridErrors([*problems, error]) from None
     return GridSpec(
         grid=display, grid_name=path.stem,
-        target=_target(module.__dict__.get("target", DEFAULT_TARGET), (str(path), lines.get("target", 0)),
-                       session).placed(grid_dir=path.parent, root=session.rootdir),
-        module_marks=module_marks, base=base, base_start=_base_start(base, path, session),
-        declarations=tuple((n, d) for n, d in own if not isinstance(d, BaseDecl)))
+        target=target.placed(grid_dir=path.parent, root=session.rootdir),
+        module_marks=module_marks, base=base, base_start=base_start,
+        declarations=tuple((n, d) for n, d in own if not isinstance(d, BaseDecl)),
+        problems=tuple(problems))
 
 
 def _target(value, location, session) -> Target:
@@ -204,7 +247,12 @@ def _base_start(base: BaseDecl, path: Path, session) -> Start:
         if not other.is_file():
             raise GridError(base.location, f"from_cell={base.from_cell!r}: no grid file {other_file} "
                                            f"next to this grid")
-        cells = {c.name: c for c in collect_file(other, session)}
+        try:
+            cells = {c.name: c for c in collect_file(other, session)}
+        except UsageError as exc:
+            where = f"{session.display_path(base.location[0])}:{base.location[1]}"
+            raise UsageError(*exc.lines, f"{where}: from_cell={base.from_cell!r}: {other_file} cannot "
+                                         "be collected (above)") from None
         if name not in cells:
             raise GridError(base.location, f"from_cell={base.from_cell!r}: {other_file} has no cell "
                                            f"{name!r}{did_you_mean(name, cells)}")

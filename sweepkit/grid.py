@@ -27,6 +27,16 @@ class GridError(Exception):
         super().__init__(f"{location[0]}:{location[1]}: {message}")
 
 
+class GridErrors(Exception):
+    """Every mistake found in one grid file, in file order: collection goes on past the
+    first, so that one round of fixes is enough."""
+
+    def __init__(self, errors):
+        unique = {(e.location, e.message): e for e in errors}  # a cell built on a broken one repeats it
+        self.errors = tuple(sorted(unique.values(), key=lambda e: (e.location[0], e.location[1])))
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
 def caller_location() -> tuple[str, int]:
     """File and line of the grid-file statement that called into this module."""
     frame = sys._getframe(1)

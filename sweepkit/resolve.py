@@ -3,7 +3,7 @@
 A cell's config is its starting point (the base, or ``on=``) updated with its own
 values; its diff is taken against the base. Two cells with one id, or two cells
 with the same config, are errors: ids must mean one thing, and a duplicate run
-is wasted compute.
+is wasted compute. Every mistake of a file is gathered before any is reported.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import attrs
 from sweepkit import ids
 from sweepkit.cell import Cell, Mark, Target, canonical_config
 from sweepkit.errors import did_you_mean
-from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, Param, ProductDecl
+from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, Param, ProductDecl
 
 Location = tuple[str, int]
 
@@ -45,6 +45,9 @@ class GridSpec:
     base: BaseDecl
     base_start: Start          # the base's config, from_cell already applied
     declarations: tuple[tuple[str, Any], ...]  # (variable name, declaration), base excluded
+    # Mistakes found in the module-level names (target, marks, a second base): the cells
+    # are still built, to find their own mistakes too, and none is returned.
+    problems: tuple[GridError, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -59,7 +62,12 @@ class Draft:
 def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
                 make_id: Callable[[str, tuple, tuple], str | None],
                 display: Callable[[str], str]) -> list[Cell]:
-    """Resolve every declaration; GridError on the first mistake, at its file:line."""
+    """Resolve every declaration; GridErrors listing every mistake, each at its file:line.
+
+    A declaration that cannot be resolved (``on=`` a missing cell, an axis over a key its
+    start lacks) is reported and left out; the others are still checked.
+    """
+    problems = list(spec.problems)
     drafts = [Draft(name="base", start=spec.base_start, marks=spec.module_marks + spec.base.marks,
                     location=spec.base.location, keywords=frozenset({"base"}))]
     cell_names = {decl: name for name, decl in spec.declarations if isinstance(decl, CellDecl)}
@@ -89,16 +97,21 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
         return resolved[id(decl)]
 
     for name, decl in spec.declarations:
-        if isinstance(decl, CellDecl):
-            drafts.append(Draft(name=name, start=cell_start(decl),
-                                marks=spec.module_marks + decl.marks, location=decl.location,
-                                keywords=frozenset({name})))
-        elif isinstance(decl, (AxisDecl, ProductDecl)):
-            drafts.extend(_axis_drafts(name, decl, start_of(decl.on, decl.location),
-                                       spec.module_marks, make_id))
+        try:
+            if isinstance(decl, CellDecl):
+                drafts.append(Draft(name=name, start=cell_start(decl),
+                                    marks=spec.module_marks + decl.marks, location=decl.location,
+                                    keywords=frozenset({name})))
+            elif isinstance(decl, (AxisDecl, ProductDecl)):
+                drafts.extend(_axis_drafts(name, decl, start_of(decl.on, decl.location),
+                                           spec.module_marks, make_id))
+        except GridError as error:
+            problems.append(error)
 
-    _check_ids(drafts, display)
-    _check_duplicate_configs(drafts, display)
+    problems += _id_problems(drafts, display)
+    problems += _duplicate_configs(drafts, display)
+    if problems:
+        raise GridErrors(problems)
     base_config = spec.base_start.config
     schema = spec.target.schema or {}
     return [
@@ -146,30 +159,38 @@ def _points(decl) -> list[tuple[Param, tuple]]:
     return [(plain, combo) for combo in itertools.product(*decl.values)]
 
 
-def _check_ids(drafts: list[Draft], display) -> None:
+def _id_problems(drafts: list[Draft], display) -> list[GridError]:
+    problems = []
     seen: dict[str, Draft] = {}
     for draft in drafts:
         problem = ids.id_problem(draft.name)
         if problem:
-            raise GridError(draft.location, problem)
+            problems.append(GridError(draft.location, problem))
+            continue
         if draft.name in seen:
             first = seen[draft.name].location
-            raise GridError(draft.location, f"cell id {draft.name!r} is already used by the cell "
-                                            f"at {display(first[0])}:{first[1]}; ids must be unique")
+            problems.append(GridError(draft.location, f"cell id {draft.name!r} is already used by the "
+                                                      f"cell at {display(first[0])}:{first[1]}; ids must "
+                                                      "be unique"))
+            continue
         seen[draft.name] = draft
+    return problems
 
 
-def _check_duplicate_configs(drafts: list[Draft], display) -> None:
+def _duplicate_configs(drafts: list[Draft], display) -> list[GridError]:
+    problems = []
     seen: dict[str, Draft] = {}
     for draft in drafts:
         key = canonical_config(draft.start.config)
         if key in seen:
             first = seen[key]
-            raise GridError(draft.location,
-                            f"cell {draft.name!r} has the same config as cell {first.name!r} "
-                            f"({display(first.location[0])}:{first.location[1]}); "
-                            "a duplicate cell would run the same thing twice")
+            problems.append(GridError(draft.location,
+                                      f"cell {draft.name!r} has the same config as cell {first.name!r} "
+                                      f"({display(first.location[0])}:{first.location[1]}); "
+                                      "a duplicate cell would run the same thing twice"))
+            continue
         seen[key] = draft
+    return problems
 
 
 def config_diff(before: Mapping[str, Any], after: Mapping[str, Any],

@@ -73,6 +73,47 @@ def test_unsafe_cell_ids(sweeper, bad):
     refused(result, f"grids/g.py:4: cell id {bad!r} is")
 
 
+def test_every_mistake_of_every_grid_file_is_reported_together(sweeper):
+    sweeper.grid("a", HEADER + '''base = sk.base(lr=1e-6, n=4)
+gen = sk.axis("gen", [256, 512])
+lr = sk.axis("lr", [1e-5, 2e-5], id="fast")
+n = sk.axis("n", [sk.param(8, id="a/b"), 16])
+same = sk.cell(lr=1e-3)
+again = sk.cell(lr=1e-3)
+stab = sk.cell(on="stable", n=2)
+''')
+    sweeper.grid("b", HEADER + "base = sk.base(lr=1e-6\n")
+    sweeper.grid("c", 'import sweepkit as sk\ntarget = "trainr"\nbase = sk.base(lr=1.0)\nother = sk.base(lr=2.0)\n')
+    sweeper.grid("d", HEADER + "base = sk.base(lr=1e-6)\n")
+    result = sweeper.run("run")
+    messages = [
+        "grids/a.py:4: axis over 'gen': the base has no such key",
+        "grids/a.py:5: cell id 'fast' is already used by the cell at grids/a.py:5",
+        "grids/a.py:6: cell id 'a/b' is not allowed",
+        "grids/a.py:8: cell 'again' has the same config as cell 'same' (grids/a.py:7)",
+        "grids/a.py:9: on='stable': no cell of that name in this grid",
+        "grids/b.py:3: syntax error",
+        "grids/c.py:2: target 'trainr': not a registered target",
+        "grids/c.py:4: a second sk.base ('other'); a grid has one base",
+    ]
+    refused(result, *messages, "8 errors found in 3 grid files; nothing was run")
+    positions = [result.stderr.index(message) for message in messages]
+    assert positions == sorted(positions), result
+    assert not (sweeper.path / "runs").exists()
+
+
+def test_a_grid_based_on_a_bad_grid_shows_both(sweeper):
+    sweeper.grid("first", HEADER + "base = sk.base(lr=1e-6)\nn = sk.axis('n', [8])\n")
+    sweeper.grid("second", HEADER + 'base = sk.base(from_cell="first.py::base", gen=1024)\n')
+    result = sweeper.run("list", "grids/second.py")
+    refused(result, "grids/first.py:4: axis over 'n': the base has no such key",
+            "grids/second.py:3: from_cell='first.py::base': first.py cannot be collected (above)",
+            "2 errors found in 2 grid files")
+    # Named too, the bad grid's own errors are shown once.
+    result = sweeper.run("list", "grids/first.py", "grids/second.py")
+    assert result.stderr.count("axis over 'n'") == 1, result
+
+
 def test_base_from_a_cell_of_another_grid(sweeper):
     sweeper.grid("first", HEADER + '''base = sk.base(lr=1e-6, n=4, gen=512)
 combo_C = sk.cell(n=8)
