@@ -100,12 +100,13 @@ def build_parser(registry=None, parser_class=argparse.ArgumentParser):
     again.add_argument("--rerun", action="store_true", help="run completed cells again, fresh")
     again.add_argument("--resume", action="store_true", help="continue cells from their latest checkpoint")
     status = command("status", "state, step and sec/step of each cell, from disk")
-    status.add_argument("paths", nargs="*", metavar="PATH", help=paths_help)
+    status.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
     report = command("report", "throughput and accuracy tables from the runs on disk")
-    report.add_argument("paths", nargs="*", metavar="PATH", help="grid files or directories")
+    report.add_argument("paths", nargs="*", metavar="PATH[::CELL]",
+                        help="grid files or directories; the tables of a PATH::CELL are its whole grid's")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table")
     cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them")
-    cancel.add_argument("paths", nargs="*", metavar="PATH", help=paths_help)
+    cancel.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
     command("plugins", "list active plugins and the hooks each implements")
     return parser, subparsers
 

@@ -14,9 +14,10 @@ from rich.text import Text
 
 from sweepkit import plugin
 from sweepkit.cell import Cell
-from sweepkit.collect import DEFAULT_GRID_DIR, files_of_args
+from sweepkit.collect import DEFAULT_GRID_DIR, files_of_args, split_arg
 from sweepkit.errors import UsageError
 from sweepkit.ids import format_value
+from sweepkit.select import by_node_ids
 from sweepkit.session import ExitCode, Session
 
 
@@ -87,20 +88,29 @@ def cmd_run(session: Session) -> int:
     return run_cells(session, cells)
 
 
+def _named_cells(session: Session) -> list[Cell]:
+    """The cells of the paths, only the named ones where a ``PATH::CELL`` names cells; an
+    unknown cell is refused with its near names, as ``run`` and ``list`` refuse it."""
+    collected = session.collect(session.options.paths)
+    return by_node_ids(list(collected.cells), collected.wanted)
+
+
 def cmd_status(session: Session) -> int:
-    cells = list(session.collect(session.options.paths).cells)
+    cells = _named_cells(session)
     show_status = _import_stage("sweepkit.status", "show_status", "status")
     return show_status(session, cells)
 
 
 def cmd_cancel(session: Session) -> int:
-    cells = list(session.collect(session.options.paths).cells)
+    cells = _named_cells(session)
     cancel_command = _import_stage("sweepkit.cancel", "cancel_command", "cancel")
     return cancel_command(session, cells)
 
 
 def report_grids(session: Session) -> list[str]:
-    """Grid names for ``sweep report``: from the paths' file names, without running the files.
+    """Grid names for ``sweep report``: from the paths' file names, without running the files
+    unless a ``PATH::CELL`` names a cell, which must be one of its grid's (the report is still
+    the whole grid's: its tables compare every cell with ``base``).
 
     With no path, every grid that has runs under the runs dir: a grid never run is not an
     error then, only when it is named.
@@ -110,6 +120,10 @@ def report_grids(session: Session) -> list[str]:
         runs = session.runs_dir
         return sorted(p.name for p in runs.iterdir()
                       if p.is_dir() and not p.name.startswith(".")) if runs.is_dir() else []
+    named = [arg for arg in paths if split_arg(arg)[1] is not None]
+    if named:
+        collected = session.collect(named)
+        by_node_ids(list(collected.cells), collected.wanted)
     return list(dict.fromkeys(path.stem for path, _ in files_of_args(paths, session.rootdir)))
 
 

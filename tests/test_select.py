@@ -1,5 +1,7 @@
 """Selection: -k over ids and keywords, -m over marks, PATH::CELL with near names."""
 
+import pytest
+
 HEADER = '''
 import sweepkit as sk
 target = sk.command("{python}", "-c", "pass")
@@ -52,6 +54,23 @@ def test_unknown_node_id_lists_near_names(sweeper):
     assert result.ret == 4, result
     assert "grids/g.py::combo_c: no such cell in grids/g.py; near names: combo_C" in result.stderr
     assert "grids/g.py::tbs256: no such cell in grids/g.py; near names: tbs64, tbs512, tbs128" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["list", "run", "status", "report", "cancel"])
+def test_every_command_refuses_an_unknown_cell_with_near_names(sweeper, command):
+    sweeper.grid("g", GRID)
+    result = sweeper.run(command, "grids/g.py::combo_c")
+    assert result.ret == 4, result
+    assert "grids/g.py::combo_c: no such cell in grids/g.py; near names: combo_C" in result.stderr
+    assert not (sweeper.path / "runs").exists()
+
+
+def test_status_shows_only_the_named_cells(sweeper):
+    sweeper.grid("g", GRID)
+    result = sweeper.run("status", "grids/g.py::combo_C", "grids/g.py::tbs64")
+    assert result.ret == 0, result
+    assert [line.split()[0] for line in result.stdout.splitlines() if "::" in line] == \
+        ["grids/g.py::tbs64", "grids/g.py::combo_C"]
 
 
 def test_bad_keyword_expression_points_at_the_column(sweeper):
