@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,25 @@ def test_readme_main_job_runs_the_smoke_grid_and_reports(sweeper):
     assert all(row["status"] == "passed" and row["steps"] == 2 for row in rows.values())
     assert rows["base"]["delta_vs_base_pct"] == 0.0 and rows["tbs128"]["delta_vs_base_pct"] is not None
     assert (sweeper.path / "runs" / "gsm8k_throughput" / "report" / "accuracy.parquet").is_file()
+
+    # The README's rerun of one cell by its id, as written there: only that cell runs again.
+    rerun = readme_command("sweep run grids/gsm8k_throughput.py::tbs128")
+    again = sweeper.run(*rerun[1:])
+    assert again.ret == 0, again
+    assert "1 passed" in again.stdout
+    attempts = {cell: len(json.loads((sweeper.path / "runs/gsm8k_throughput" / cell / "state.json")
+                                     .read_text())["attempts"]) for cell in rows}
+    assert attempts == {"base": 1, "tbs128": 2, "combo_C": 1}
+    report = sweeper.run("report", "--format", "json")
+    assert report.ret == 0, report
+    tables = {item["table"]: item["rows"] for item in map(json.loads, report.stdout.splitlines()[:2])}
+    for table in tables.values():
+        assert {row["cell"]: (row["status"], row["steps"]) for row in table} == \
+            {cell: ("passed", 2) for cell in ("base", "tbs128", "combo_C")}
+
+
+def readme_command(start: str) -> list[str]:
+    """The README's command line that starts with ``start``, without its comment."""
+    lines = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith(start)]
+    assert len(lines) == 1, f"README has {len(lines)} lines starting with {start!r}"
+    return shlex.split(lines[0], comments=True)
