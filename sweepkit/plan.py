@@ -86,10 +86,16 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
     if rerun:
         return Plan(cell=cell, directory=directory, action=FRESH, note="--rerun")
     if state is not None and state.state == "completed":
+        if changed and state.profile != cell.profile:
+            raise PlanError(f"completed under {_profile(state.profile)}, not {_profile(cell.profile)}; "
+                            "pass --rerun to run it again as it is now")
         if changed:
             raise PlanError("completed with a different config than the grid has now; "
                             "pass --rerun to run it again with the new config")
         return Plan(cell=cell, directory=directory, action=SKIP, note="completed")
+    if state is not None and state.state == "failed" and cell.xfail is not None and not changed:
+        # An expected failure is a probe's answer (a ceiling probe can take an hour to give it).
+        return Plan(cell=cell, directory=directory, action=SKIP, note="xfailed as expected; --rerun probes it again")
     holding = [path for path in checkpoint_dirs(directory, checkpoints) if st.has_entries(path)]
     if holding:
         effective = st.effective_state(directory, state)
@@ -101,6 +107,10 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
                             "pass --rerun to delete them and start over")
         return Plan(cell=cell, directory=directory, action=RESUME, note=f"resuming a {effective} run")
     return Plan(cell=cell, directory=directory, action=FRESH)
+
+
+def _profile(name: str | None) -> str:
+    return f"--profile {name}" if name else "no profile"
 
 
 def _holder(directory: Path) -> str:
@@ -189,8 +199,9 @@ def write_cell_files(plan: Plan) -> list[Path]:
     return deleted
 
 
-def mark_pending(plan: Plan) -> bool:
-    """Record that this driver will run the cell; False when a job took its lock meanwhile."""
+def mark_pending(plan: Plan, driver: Path | None = None) -> bool:
+    """Record that this driver (holding the lock file ``driver``) will run the cell; False
+    when a job took its lock meanwhile."""
     cell = plan.cell
     taken = []
 
@@ -201,6 +212,7 @@ def mark_pending(plan: Plan) -> bool:
         return st.CellState(
             nodeid=cell.nodeid, state="pending", config_hash=cell.config_hash(), profile=cell.profile,
             attempts=state.attempts if state else (), submission=None,
+            driver=str(driver) if driver is not None else None,
         )
 
     st.update_state(plan.directory, change)

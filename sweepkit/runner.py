@@ -30,7 +30,6 @@ POLL_INTERVAL_S = 0.2
 # A submission whose job has not taken the cell's lock after this long, while its driver
 # is gone, is taken over by the next driver (local jobs start within a second or two).
 ABANDONED_AFTER_S = 30.0
-DRIVERS_DIR = ".drivers"
 
 
 @hookimpl
@@ -86,12 +85,13 @@ def make_executor(session) -> Executor:
 def run_cells(session, cells) -> int:
     """Run the selected, validated cells; returns the exit code."""
     options = session.options
-    try:
-        session.runs_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"runs dir {session.runs_dir}: cannot create it ({error.strerror})") from None
-    if not os.access(session.runs_dir, os.W_OK):
-        raise UsageError(f"runs dir {session.runs_dir}: not writable")
+    if not options.dry_run:  # a dry run writes nothing there unless its executor renders job scripts
+        try:
+            session.runs_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"runs dir {session.runs_dir}: cannot create it ({error.strerror})") from None
+        if not os.access(session.runs_dir, os.W_OK):
+            raise UsageError(f"runs dir {session.runs_dir}: not writable")
     executor = make_executor(session)
     plans, errors = [], []
     for cell in cells:
@@ -145,7 +145,7 @@ def dry_run(session, plans, jobs, executor: Executor) -> int:
 def start_background_driver(session, n_jobs: int) -> int:
     """``--detach`` with an executor whose jobs need a driver: start this same command
     without ``--detach`` in a new session, its output in the runs dir, and return."""
-    logs = session.runs_dir / DRIVERS_DIR
+    logs = session.runs_dir / st.DRIVERS_DIR
     logs.mkdir(parents=True, exist_ok=True)
     argv = [arg for arg in sys.argv[1:] if not (arg.startswith("--det") and "--detach".startswith(arg))]
     log = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
@@ -181,8 +181,16 @@ class Run:
         self.outcomes: dict[str, str] = {}
         self.display = RunDisplay(session.console, [plan.cell.nodeid for plan in plans])
         self.began = time.time()
+        self.driver_lock = st.DriverLock(session.runs_dir)
 
     def execute(self) -> int:
+        self.driver_lock.acquire()
+        try:
+            return self._execute()
+        finally:
+            self.driver_lock.release()
+
+    def _execute(self) -> int:
         with self.display:
             for plan in self.plans:
                 tracked = Tracked(plan=plan, follower=Follower(plan.directory), job=self.jobs.get(plan.cell.nodeid))
@@ -214,7 +222,7 @@ class Run:
 
     def _prepare(self, tracked: Tracked) -> bool:
         plan = tracked.plan
-        if not pl.mark_pending(plan):
+        if not pl.mark_pending(plan, driver=self.driver_lock.path):
             return False
         deleted = pl.write_cell_files(plan)
         if deleted:

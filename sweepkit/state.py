@@ -36,6 +36,7 @@ STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 METRICS_FILE = "metrics.jsonl"
 CKPT_DIR = "ckpt"
+DRIVERS_DIR = ".drivers"  # in the runs dir: drivers' locks and detached drivers' logs
 
 
 def _tuple(value) -> tuple:
@@ -94,6 +95,8 @@ class CellState:
     profile: str | None = None
     attempts: tuple[Attempt, ...] = attrs.field(default=(), converter=_tuple)
     submission: Submission | None = None
+    # A pending cell's driver: the path of the lock it holds while it lives (DriverLock).
+    driver: str | None = None
     updated: float = 0.0
 
     @property
@@ -108,6 +111,7 @@ class CellState:
             "profile": self.profile,
             "attempts": [attrs.asdict(attempt) for attempt in self.attempts],
             "submission": attrs.asdict(self.submission) if self.submission else None,
+            "driver": self.driver,
             "updated": self.updated,
         }
 
@@ -124,6 +128,7 @@ class CellState:
             profile=data.get("profile"),
             attempts=[_from_json(Attempt, attempt) for attempt in data.get("attempts") or ()],
             submission=_from_json(Submission, submission) if submission else None,
+            driver=data.get("driver"),
             updated=data.get("updated", 0.0),
         )
 
@@ -193,18 +198,23 @@ def update_state(directory: Path, change: Callable[[CellState | None], CellState
 
 def is_locked(directory: Path) -> bool:
     """True while some process holds the cell's ``.lock`` (that is, runs the cell)."""
-    lock = Path(directory) / LOCK_FILE
+    return is_held(Path(directory) / LOCK_FILE)
+
+
+def is_held(lock: Path) -> bool:
+    """True while some process holds the ``flock`` on the file ``lock``."""
+    lock = Path(lock)
     if not lock.exists():
         return False
     with _flock(lock, blocking=False) as acquired:
         return not acquired
 
 
-class CellLock:
-    """The exclusive ``flock`` on ``<cell dir>/.lock``, held for the whole life of a run."""
+class FileLock:
+    """An exclusive ``flock`` on a file that records its holder's host and pid."""
 
-    def __init__(self, directory: Path):
-        self.path = Path(directory) / LOCK_FILE
+    def __init__(self, path: Path):
+        self.path = Path(path)
         self._fd: int | None = None
 
     def acquire(self, *, blocking: bool = True) -> bool:
@@ -235,6 +245,27 @@ class CellLock:
             self._fd = None
 
 
+class CellLock(FileLock):
+    """The exclusive ``flock`` on ``<cell dir>/.lock``, held for the whole life of a run."""
+
+    def __init__(self, directory: Path):
+        super().__init__(Path(directory) / LOCK_FILE)
+
+
+class DriverLock(FileLock):
+    """A ``sweep run`` driver's own lock, ``<runs dir>/.drivers/<host>-<pid>.lock``, held
+    while it lives: a cell it marked pending, and that no job took, is abandoned once the
+    lock is free (the driver was killed before it got to the cell)."""
+
+    def __init__(self, runs_dir: Path):
+        super().__init__(Path(runs_dir) / DRIVERS_DIR / f"{socket.gethostname()}-{os.getpid()}.lock")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)
+        super().release()
+
+
 def has_entries(path: Path) -> bool:
     """True for a directory with anything in it (a checkpoint dir that holds checkpoints)."""
     path = Path(path)
@@ -258,11 +289,14 @@ def wipe_checkpoints(directory: Path) -> list[Path]:
 
 def effective_state(directory: Path, state: CellState | None) -> str:
     """The state to show and act on: a ``running`` state whose lock is free is a run that
-    died without recording its end ("interrupted")."""
+    died without recording its end ("interrupted"); a ``pending`` one whose driver is gone
+    will never be started by it ("abandoned"; the next ``sweep run`` starts it)."""
     if state is None:
         return "pending"
     if state.state == "running" and not is_locked(directory):
         return "interrupted"
+    if state.state == "pending" and state.driver and not is_held(Path(state.driver)):
+        return "abandoned"
     return state.state
 
 

@@ -95,6 +95,21 @@ def test_changed_config_of_completed_cell_needs_rerun(cpu_sweeper):
     assert json.loads((cpu_sweeper.path / "runs/g/base/config.json").read_text())["steps"] == 2
 
 
+def test_a_cell_completed_under_a_profile_names_the_profile_when_run_without_it(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", "")
+    cpu_sweeper.write("grids/sweepconf.py", """
+        from sweepkit import hookimpl
+
+        @hookimpl
+        def sweep_register_profiles(register):
+            register("short", lambda config, target: {"steps": 1}, "one step")
+    """)
+    assert cpu_sweeper.run("run", "--profile", "short").ret == 0
+    result = cpu_sweeper.run("run")
+    assert result.ret != 0
+    assert "base: completed under --profile short, not no profile; pass --rerun" in result.stderr
+
+
 def test_failed_cell_with_checkpoints_needs_resume_or_rerun_and_resumes(cpu_sweeper):
     script_grid(cpu_sweeper, "g", """
         flaky = sk.cell(steps=5, fail_at=3)
@@ -144,6 +159,11 @@ def test_driver_killed_mid_grid_next_run_finishes_the_rest_without_overlap(cpu_s
         time.sleep(0.05)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
+    # The two cells it had not got to will never be started by it: status says so.
+    status = cpu_sweeper.run("status")
+    words = {line.split()[0].split("::")[1]: line.split()[1] for line in status.stdout.splitlines() if "::" in line}
+    assert sorted(words.values()).count("abandoned") == 2, status.stdout
+    assert words["base"] == "PASSED" and words["c1"] in ("running", "PASSED"), status.stdout
 
     result = cpu_sweeper.run("run")
     assert result.ret == 0, result
@@ -196,6 +216,13 @@ def test_xfail_and_xpass_outcomes(cpu_sweeper):
     assert result.ret == 0, result
     assert "XFAIL" in result.stdout and "XPASS" in result.stdout
     assert "1 passed, 1 xfailed, 1 xpassed" in result.stdout
+    # The probe that failed as expected has its answer: a second run does not probe it again.
+    again = cpu_sweeper.run("run", "grids/g.py::probe_fails")
+    assert again.ret == 0, again
+    assert "xfailed as expected; --rerun probes it again" in again.stdout and "1 skipped" in again.stdout
+    assert len(state_of(cpu_sweeper, "g", "probe_fails")["attempts"]) == 1
+    rerun = cpu_sweeper.run("run", "grids/g.py::probe_fails", "--rerun")
+    assert "1 xfailed" in rerun.stdout and len(state_of(cpu_sweeper, "g", "probe_fails")["attempts"]) == 2
 
     strict = cpu_sweeper.grid("s", f"""
         import sweepkit as sk
@@ -217,7 +244,7 @@ def test_dry_run_shows_the_plan_and_runs_nothing(cpu_sweeper):
     assert "SWEEP_CONFIG=" in result.stdout and "runs/g/other/config.json" in result.stdout
     assert "SWEEP_RESUME=0" in result.stdout
     assert started(cpu_sweeper) == []
-    assert not (cpu_sweeper.path / "runs" / "g").exists()
+    assert not (cpu_sweeper.path / "runs").exists()  # "nothing was started or written"
 
 
 def test_debug_executor_runs_cells_in_the_driver(cpu_sweeper):
