@@ -101,8 +101,13 @@ def run_cells(session, cells) -> int:
         except pl.PlanError as error:  # the state changed since validation
             file, line = cell.location
             errors.append(f"{file}:{line}: {cell.name}: {error}")
-    jobs = {plan.cell.nodeid: executor.bind(pl.make_job(plan, executor.name, session), plan.cell)
-            for plan in plans if plan.action in (pl.FRESH, pl.RESUME)}
+    jobs = {}
+    for plan in plans:
+        if plan.action in (pl.FRESH, pl.RESUME):
+            try:
+                jobs[plan.cell.nodeid] = executor.bind(pl.make_job(plan, executor.name, session), plan.cell)
+            except UsageError as error:  # one cell's job cannot be made: report every such cell
+                errors.extend(error.lines)
     for plan in plans:
         problem = executor.check(jobs[plan.cell.nodeid]) if plan.cell.nodeid in jobs else None
         if problem:

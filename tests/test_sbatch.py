@@ -177,3 +177,11 @@ def test_gpus_that_do_not_spread_are_refused(sweeper, cell, message):
     result = no_cluster_dry_run(sweeper, f"::{cell}")
     assert result.ret != 0 and message in result.output, result
     assert not (sweeper.path / "runs" / ".dry-run").exists()
+
+
+def test_every_cell_whose_job_cannot_be_made_is_reported_at_once(sweeper):
+    result = no_cluster_dry_run(sweeper, "")
+    assert result.ret != 0, result
+    assert "uneven: cannot make its SLURM job" in result.output and "too_many: cannot make its SLURM job" in result.output
+    assert "2 errors found; nothing was run" in result.output
+    assert not (sweeper.path / "runs" / ".dry-run").exists()
