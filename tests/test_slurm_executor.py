@@ -277,6 +277,9 @@ def test_killed_driver_then_run_again_submits_only_the_rest(sweeper):
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     assert len(registry.read_text().splitlines()) == 2
+    # Its two submitted cells go on in SLURM; the two it never submitted are shown as such.
+    words = sorted(line.split()[1] for line in status_rows(sweeper).values())
+    assert words.count("abandoned") == 2 and len(words) == 4, words
 
     again = sweeper.run("run", "--executor", "slurm", "--max-parallel", "2", timeout=DEADLINE_S)
     assert again.ret == 0, again
@@ -297,6 +300,35 @@ def test_killed_driver_then_run_again_submits_only_the_rest(sweeper):
         running += change
         most = max(most, running)
     assert most <= 2
+
+
+@on_cluster
+def test_two_racing_drivers_keep_the_runs_dir_within_its_cap(sweeper):
+    # Different memory requests keep every cell its own job, so each counts against the cap.
+    for grid in ("racea", "raceb"):
+        script_grid(sweeper, grid, """
+            b = sk.cell(mem_gb=0.26)
+            c = sk.cell(mem_gb=0.27)
+        """, steps=2, sleep=1.0)
+    drivers = [background(sweeper, "run", f"grids/{grid}.py", "--executor", "slurm", "--max-parallel", "2")
+               for grid in ("racea", "raceb")]
+    most = 0
+    try:
+        while any(driver.poll() is None for driver in drivers):
+            queued = [name for name in squeue_names() if name.startswith(("racea_", "raceb_"))]
+            most = max(most, len(queued))
+            time.sleep(0.1)
+    finally:
+        for driver in drivers:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert [driver.returncode for driver in drivers] == [0, 0]
+    assert sorted(starts(sweeper)) == ["b", "base", "c"] and sum(len(e) for e in starts(sweeper).values()) == 6
+    assert 1 <= most <= 2  # queued jobs of this runs dir, pending ones included, never above the cap
+    job_ids = {state_of(sweeper, grid, cell)["attempts"][0]["job_id"]
+               for grid in ("racea", "raceb") for cell in ("base", "b", "c")}
+    assert len(job_ids) == 6
 
 
 @on_cluster
