@@ -31,12 +31,16 @@ What each link does (:func:`run_link`, the function submitit runs):
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import attrs
 
 from sweepkit import state as st
 from sweepkit.executors import sacct
+from sweepkit.executors import sbatch as sb
 from sweepkit.job import CellJob, run_cell
 from sweepkit.plan import RESUME_KEY
 
@@ -75,6 +79,7 @@ def run_link(job: CellJob, link: int = 0, links: int = 1) -> str:
     """Run link ``link`` (0: the head) of a chain of ``links`` jobs; returns the cell's
     state after it, ``superseded`` or ``skipped`` when the link had nothing to do."""
     directory = Path(job.cell_dir)
+    name_array_task(job)
     if link > 0:
         state = st.read_state(directory)
         if state is None or state.submission is None or state.submission.token != job.token:
@@ -90,6 +95,23 @@ def run_link(job: CellJob, link: int = 0, links: int = 1) -> str:
     elif final in ("failed", "cancelled") and link < links - 1:
         _wait_for_next_link(job)
     return final
+
+
+def name_array_task(job: CellJob, environ=os.environ) -> None:
+    """An array's tasks share the array's name (``<grid>_<first cell>+N``); a running task
+    is its own job to SLURM, so it takes its cell's name, ``<grid>_<cell>``, for squeue and
+    sacct. Best effort: a task that cannot rename itself runs all the same."""
+    task = environ.get("SLURM_ARRAY_TASK_ID")
+    array = environ.get("SLURM_ARRAY_JOB_ID")
+    if not task or not array or shutil.which("scontrol") is None:
+        return
+    directory = Path(job.cell_dir)
+    name = sb.job_name(directory.parent.name, directory.name)
+    try:
+        subprocess.run(["scontrol", "update", f"JobId={array}_{task}", f"JobName={name}"],
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
 
 
 def _wait_for_next_link(job: CellJob) -> None:

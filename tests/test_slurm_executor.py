@@ -194,6 +194,12 @@ def test_smoke_grid_completes_and_the_report_has_its_rows(sweeper):
     # The three equal cells went out as one array; the chained one as a head and a link.
     array_ids = {states[cell]["submission"]["job_id"] for cell in ("base", "longer", "quick")}
     assert len({job_id.split("_")[0] for job_id in array_ids}) == 1 and all("_" in i for i in array_ids)
+    # Each task of the array carries its own cell's name in sacct, as a single job would.
+    names = dict(line.split("|")[:2] for line in subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName", "-j", next(iter(array_ids)).split("_")[0]],
+        capture_output=True, text=True, check=True).stdout.splitlines())
+    assert {names[states[cell]["submission"]["job_id"]] for cell in ("base", "longer", "quick")} == {
+        "scripts_base", "scripts_longer", "scripts_quick"}
     head, link = states["chained"]["submission"]["job_id"].split(",")
     assert sacct_states([head, link]) == {head: "COMPLETED", link: "CANCELLED"}  # no retraining after COMPLETED
     assert len(starts(sweeper)["chained"]) == 1
