@@ -155,6 +155,8 @@ def cell_env(cell, directory: Path, resume: bool, hook_env: list[dict]) -> dict[
         "SWEEP_METRICS": where["metrics"],
         "SWEEP_RESUME": "1" if resume else "0",
     })
+    places = cell.target.places if cell.target is not None else {}
+    env.update({f"SWEEP_{key.upper()}": value for key, value in places.items()})  # SWEEP_ROOT, SWEEP_GRID_DIR
     return env
 
 

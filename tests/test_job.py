@@ -37,7 +37,8 @@ def test_readme_command_target_example_runs_as_written(sweeper):
 def test_placeholders_name_the_project_while_the_process_runs_in_its_cell_dir(sweeper):
     sweeper.write("tools/grids/show.py", """
         import json, os, sys
-        print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd()}))
+        print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(),
+                          "env": [os.environ["SWEEP_ROOT"], os.environ["SWEEP_GRID_DIR"]]}))
     """)
     sweeper.write("tools/grids/g.py", """
         import sweepkit as sk
@@ -52,6 +53,7 @@ def test_placeholders_name_the_project_while_the_process_runs_in_its_cell_dir(sw
     assert Path(shown["cwd"]) == cell_dir
     assert shown["argv"] == [str(sweeper.path), str(sweeper.path / "tools" / "grids"), str(cell_dir),
                              str(cell_dir / "config.json"), "{unknown}"]
+    assert shown["env"] == [str(sweeper.path), str(sweeper.path / "tools" / "grids")]
 
     # Where the project lies is not part of the cell: the same cell from another root is
     # still the completed one.
