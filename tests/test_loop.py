@@ -198,8 +198,10 @@ def test_fresh_run_refuses_existing_checkpoints(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_run_goes_on(tmp_path):
-    # As at a SLURM time limit: no periodic checkpoints (ckpt_interval=0), yet nothing is lost.
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_the_run_with_its_last_step_checkpointed_and_the_run_goes_on(tmp_path, signum):
+    # As at a SLURM time limit (SIGTERM) or Ctrl-C (SIGINT): no periodic checkpoints, yet
+    # nothing is lost.
     command = trainer_command(tmp_path, RESUMABLE, "max_steps=100000", "ckpt_interval=0")
     process = subprocess.Popen(command, cwd=tmp_path, env=trainer_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
@@ -209,12 +211,12 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_run_goes_on(tmp_
         assert process.poll() is None, process.stderr.read()
         assert time.monotonic() < deadline, "no second step within two minutes"
         time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
 
-    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert process.returncode == 128 + signum, stderr
     last = read_metrics(metrics, "train")[-1]["step"]
-    assert f"stopped by SIGTERM after step {last}" in stderr
+    assert f"stopped by {signal.Signals(signum).name} after step {last}; checkpointed in" in stderr
     ckpt = tmp_path / "ckpt"
     assert sorted(p.name for p in ckpt.glob("global_step_*")) == [f"global_step_{last}"]
     assert (ckpt / "latest").read_text().strip() == f"global_step_{last}"
@@ -222,6 +224,29 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_run_goes_on(tmp_
     result = run_trainer(tmp_path, RESUMABLE, f"max_steps={last + 2}", "resume_mode=latest")
     assert result.returncode == 0, result.stderr
     assert [r["step"] for r in read_metrics(metrics, "train")] == list(range(1, last + 3))
+
+
+def test_a_signal_that_lands_after_the_steps_checkpoint_decision_still_checkpoints_it(tmp_path, monkeypatch):
+    from trainer import loop
+    from trainer.config import TrainerConfig
+    from trainer.stopping import Stopped
+
+    real_evaluate = loop.evaluate
+
+    def evaluate_then_signal(*args, **kwargs):
+        metrics = real_evaluate(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # as if the time limit came during the step's eval
+        return metrics
+
+    monkeypatch.setattr(loop, "evaluate", evaluate_then_signal)
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(**{**RESUMABLE, "ckpt_interval": 0, "eval_interval": 1, "eval_limit": 4})
+    with pytest.raises(Stopped) as stopped:
+        loop.train(cfg, ckpt_dir=tmp_path / "ckpt", metrics_path=tmp_path / "metrics.jsonl",
+                   stdout=io.StringIO(), stderr=io.StringIO())
+
+    assert (stopped.value.step, stopped.value.checkpointed, stopped.value.exit_code) == (1, True, 143)
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("global_step_*")) == ["global_step_1"]
 
 
 def test_a_fresh_run_takes_its_own_reference_policy(tmp_path):

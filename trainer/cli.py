@@ -2,9 +2,9 @@
 
 The config is validated before torch is imported, so a typo costs
 milliseconds and exits 2 with the key named. A fresh run over existing
-checkpoints (``resume_mode=null``) exits 3 and deletes nothing. SIGTERM or
-SIGUSR1 stops the run after its current step, with a checkpoint, and exits
-128 + the signal (143 for SIGTERM).
+checkpoints (``resume_mode=null``) exits 3 and deletes nothing. SIGTERM,
+SIGINT (Ctrl-C) or SIGUSR1 stops the run after its current step, with a
+checkpoint, and exits 128 + the signal (143 for SIGTERM, 130 for SIGINT).
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sweep-train: bad config or data:\n{exc}", file=sys.stderr)
         return EXIT_CONFIG
     except Stopped as stopped:
-        print(f"sweep-train: {stopped}; checkpointed in {args.ckpt_dir} (resume with resume_mode=latest)",
-              file=sys.stderr)
+        where = (f"checkpointed in {args.ckpt_dir} (resume with resume_mode=latest)" if stopped.checkpointed
+                 else "no step had run, nothing to checkpoint")
+        print(f"sweep-train: {stopped}; {where}", file=sys.stderr)
         return stopped.exit_code
     return 0
 

@@ -159,11 +159,26 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
     progress = progress_bar(cfg, stdout or sys.stdout, total=total_steps, done=step)
     last = {}
 
+    saved_step = step if start_from is not None else None  # the step the latest checkpoint holds
+
+    def save(at_step: int) -> None:
+        nonlocal saved_step
+        checkpoint.save(ckpt_dir, at_step, model=model, optimizer=optimizer, scheduler=scheduler,
+                        sampler_state=sampler.state_dict(), config=attrs.asdict(cfg))
+        saved_step = at_step
+
+    def stop_now(signum: int) -> None:
+        # Whenever the signal came (during a step, its eval or its checkpoint), the last
+        # finished step is checkpointed before the run ends.
+        if step > 0 and saved_step != step:
+            save(step)
+        raise Stopped(signum, step, checkpointed=saved_step is not None)
+
     try:
         with StopRequest(stderr) as stop:
             while step < total_steps:
-                if stop.signum is not None:  # asked before the first step of this run
-                    raise Stopped(stop.signum, step)
+                if stop.signum is not None:
+                    stop_now(stop.signum)
                 step += 1
                 times = {}
                 step_started = time.perf_counter()
@@ -228,16 +243,15 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
                 logger.log("train", step, last)
                 del batch, entropy
                 free_memory(device)
-                stopping = stop.signum is not None
-                if not stopping and ((cfg.eval_interval and step % cfg.eval_interval == 0) or step == total_steps):
+                if stop.signum is None and ((cfg.eval_interval and step % cfg.eval_interval == 0)
+                                            or step == total_steps):
                     run_eval(step)
-                if stopping or (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
-                    checkpoint.save(ckpt_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                                    sampler_state=sampler.state_dict(), config=attrs.asdict(cfg))
+                if (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
+                    save(step)
                 if progress is not None:
                     progress.update(step, last)
-                if stopping:
-                    raise Stopped(stop.signum, step)
+                if stop.signum is not None:
+                    stop_now(stop.signum)
     finally:
         if progress is not None:
             progress.close()

@@ -1,13 +1,14 @@
 """Stop at a step boundary, with a checkpoint, when the run is told to end.
 
 SLURM sends SIGTERM to every process of a job at its time limit and SIGKILL
-``KillWait`` seconds later (30 by default); a local sweep interrupted with
-Ctrl-C sends SIGTERM to the cell's process. Dying mid-step would lose
-everything since the last periodic checkpoint, and a chained cell whose
-``ckpt_interval`` is 0 would start its next link from scratch. So the first
-SIGTERM (or SIGUSR1, for a warning asked with ``sbatch --signal``) only asks
-the loop to stop after the step it is in; the loop then checkpoints and exits
-with ``128 + signal``. A second signal acts at once.
+``KillWait`` seconds later (30 by default); Ctrl-C in a terminal sends SIGINT
+to every process of the foreground job, the cells of a local sweep included.
+Dying mid-step would lose everything since the last periodic checkpoint, and a
+chained cell whose ``ckpt_interval`` is 0 would start its next link from
+scratch. So the first SIGTERM, SIGINT (or SIGUSR1, for a warning asked with
+``sbatch --signal``) only asks the loop to stop after the step it is in; the
+loop then checkpoints that step and exits with ``128 + signal``. A second
+signal acts at once.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import signal
 import sys
 import threading
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class Stopped(Exception):
-    """The run stopped early on a signal, after checkpointing; ``exit_code`` is 128 + signal."""
+    """The run stopped early on a signal, its last step checkpointed (``checkpointed`` is
+    False only when it stopped before its first step); ``exit_code`` is 128 + signal."""
 
-    def __init__(self, signum: int, step: int):
+    def __init__(self, signum: int, step: int, *, checkpointed: bool):
         self.signum = signum
         self.step = step
+        self.checkpointed = checkpointed
         self.exit_code = 128 + signum
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
 
