@@ -25,12 +25,12 @@ the checkpoint it was meant to resume (2026-06-24).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Optional
 
+from sweepkit import state as st
 from sweepkit.hookspec import hookimpl
 
 ROOT_ENV = "CHECKPOINTS_DIR"
@@ -40,8 +40,6 @@ RESUME_KEYS = ("resume_mode", "trainer.resume_mode")
 FRESH_MODES = (None, "null")
 RESUME_MODES = ("latest", "from_path")
 #: SkyRL's pointer to the newest step; left behind it would point at a deleted step.
-LATEST_POINTER = "latest_ckpt_global_step.txt"
-_STEP = re.compile(r"^global_step_(\d+)$")
 
 
 class CheckpointGuardError(Exception):
@@ -84,18 +82,10 @@ def inside_root(path: Path, root: Path) -> Path:
     return resolved
 
 
-def _step_number(path: Path) -> int:
-    match = _STEP.match(path.name)
-    return int(match[1]) if match else -1
-
-
 def deletable_entries(ckpt_dir: Path) -> list[Path]:
-    """The ``global_step_*`` entries, in step order, then the latest-step pointer."""
-    if not ckpt_dir.is_dir():
-        return []
-    steps = sorted((p for p in ckpt_dir.iterdir() if _STEP.match(p.name)), key=_step_number)
-    pointer = ckpt_dir / LATEST_POINTER
-    return steps + ([pointer] if pointer.is_file() else [])
+    """The ``global_step_*`` entries, in step order, then the latest-step pointer: what the
+    plan counts as the cell's checkpoints there, and all a wipe deletes."""
+    return st.checkpoint_entries(ckpt_dir)
 
 
 def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
@@ -233,7 +223,10 @@ def sweep_prepare_cell_dir(cell, cell_dir, fresh, session):
     # a fresh plan deletes only on --rerun. Checkpoints that appeared after a plain run's
     # plan found none are kept: nobody asked to lose them.
     if fresh and asked_fresh_start(session):
-        guarded_wipe(directory, checkpoint_root(cell, os.environ), resume_mode_of(cell),
+        # --rerun is the explicit fresh start the wipe waits for, whatever the cell's own
+        # resume_mode (a 'latest' cell would otherwise go on from the steps --rerun promised
+        # to delete, while sweepkit started its metrics over).
+        guarded_wipe(directory, checkpoint_root(cell, os.environ), None,
                      clean=clean_enabled(cell, os.environ), announce=announce)
     elif fresh and (kept := deletable_entries(directory)):
         announce(f"keeping {len(kept)} checkpoint entries in {directory} "

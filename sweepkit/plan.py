@@ -6,6 +6,7 @@ state on disk                            plain run   ``--rerun``          ``--re
 never run, or failed without checkpoints  fresh       fresh                fresh
 completed, same config                   skip        fresh                skip
 completed, config changed since          error       fresh                error
+failed as expected (xfail), same config   skip        fresh                skip
 failed / cancelled / interrupted, with   error       fresh (checkpoints   resume from latest
 checkpoints                                          deleted)             checkpoint
 running (its ``.lock`` is held)          attach      error                attach
@@ -16,9 +17,11 @@ a cluster's queue (``queued``)                       are cancelled)
 "attach" means waiting for the run some other driver started, never starting a second one.
 A cell with checkpoints is never silently started over nor silently resumed. Its
 checkpoints are what its cell dir's ``ckpt/`` holds and, for a cell whose checkpoints a
-plugin keeps elsewhere (a SkyRL cell's ``$CHECKPOINTS_DIR/<grid>/<cell>``), what that
-directory holds: the plugin names it through ``sweep_cell_ckpt_dir`` (:func:`checkpoint_dir`),
-the same answer its guarded wipe acts on.
+plugin keeps elsewhere (a SkyRL cell's ``$CHECKPOINTS_DIR/<grid>/<cell>``), the
+``global_step_*`` entries and latest-step pointer of that directory
+(:func:`sweepkit.state.checkpoint_entries`): the plugin names it through
+``sweep_cell_ckpt_dir`` (:func:`checkpoint_dir`), the same answer its guarded wipe acts on.
+Only ``--rerun`` deletes checkpoints.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Plan:
     directory: Path
     action: str
     note: str = ""
+    rerun: bool = False  # the user asked to start over: the cell's checkpoints are deleted
 
 
 class PlanError(Exception):
@@ -57,11 +61,6 @@ def checkpoint_dir(cell, session) -> Path | None:
     they stay in the cell dir's ``ckpt/``."""
     found = session.hook.sweep_cell_ckpt_dir(cell=cell, session=session)
     return None if found is None else Path(found)
-
-
-def checkpoint_dirs(directory: Path, elsewhere: Path | None) -> list[Path]:
-    """The cell dir's ``ckpt/`` and, if a plugin keeps the checkpoints elsewhere, that dir."""
-    return [directory / st.CKPT_DIR] + ([Path(elsewhere)] if elsewhere is not None else [])
 
 
 def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
@@ -84,7 +83,7 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
                     note=f"queued as {submission.executor} job {submission.job_id}")
     changed = state is not None and state.config_hash != cell.config_hash()
     if rerun:
-        return Plan(cell=cell, directory=directory, action=FRESH, note="--rerun")
+        return Plan(cell=cell, directory=directory, action=FRESH, note="--rerun", rerun=True)
     if state is not None and state.state == "completed":
         if changed and state.profile != cell.profile:
             raise PlanError(f"completed under {_profile(state.profile)}, not {_profile(cell.profile)}; "
@@ -96,7 +95,9 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
     if state is not None and state.state == "failed" and cell.xfail is not None and not changed:
         # An expected failure is a probe's answer (a ceiling probe can take an hour to give it).
         return Plan(cell=cell, directory=directory, action=SKIP, note="xfailed as expected; --rerun probes it again")
-    holding = [path for path in checkpoint_dirs(directory, checkpoints) if st.has_entries(path)]
+    holding = [directory / st.CKPT_DIR] if st.has_entries(directory / st.CKPT_DIR) else []
+    if checkpoints is not None and st.checkpoint_entries(checkpoints):
+        holding.append(Path(checkpoints))
     if holding:
         effective = st.effective_state(directory, state)
         if not resume:
@@ -194,8 +195,9 @@ def write_cell_files(plan: Plan) -> list[Path]:
     st.write_json(directory / st.CELL_FILE, st.cell_record(plan.cell))
     st.write_json(directory / st.CONFIG_FILE, target_config(plan.cell, resume))
     deleted: list[Path] = []
-    if not resume:
+    if plan.rerun:  # checkpoints that appeared after a plain run's plan found none are kept
         deleted = st.wipe_checkpoints(directory)
+    if not resume:
         (directory / st.METRICS_FILE).unlink(missing_ok=True)
     (directory / st.CKPT_DIR).mkdir(exist_ok=True)
     return deleted

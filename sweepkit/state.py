@@ -15,6 +15,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -202,12 +203,21 @@ def is_locked(directory: Path) -> bool:
 
 
 def is_held(lock: Path) -> bool:
-    """True while some process holds the ``flock`` on the file ``lock``."""
-    lock = Path(lock)
-    if not lock.exists():
+    """True while some process holds the ``flock`` on the file ``lock``. Never creates it:
+    a lock file its owner removed on release stays gone."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)  # flock needs no write access: any reader may ask
+    except FileNotFoundError:
         return False
-    with _flock(lock, blocking=False) as acquired:
-        return not acquired
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    finally:
+        os.close(fd)
+    return False
 
 
 class FileLock:
@@ -264,6 +274,22 @@ class DriverLock(FileLock):
         if self._fd is not None:
             self.path.unlink(missing_ok=True)
         super().release()
+
+
+LATEST_POINTER = "latest_ckpt_global_step.txt"  # SkyRL's pointer to its latest step
+_STEP = re.compile(r"^global_step_(\d+)$")
+
+
+def checkpoint_entries(path: Path) -> list[Path]:
+    """The ``global_step_*`` entries of a checkpoint dir that a plugin keeps outside the
+    cell dir, in step order, then its latest-step pointer. Anything else there (an export,
+    logs) is not a checkpoint: it neither stops a plain run nor is deleted by ``--rerun``."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    steps = sorted((p for p in path.iterdir() if _STEP.match(p.name)), key=lambda p: int(_STEP.match(p.name)[1]))
+    pointer = path / LATEST_POINTER
+    return steps + ([pointer] if pointer.is_file() else [])
 
 
 def has_entries(path: Path) -> bool:

@@ -134,7 +134,9 @@ def test_a_plain_run_never_wipes_checkpoints_it_finds(sweeper):
     assert all(step.is_dir() for step in steps)
 
 
-def test_rerun_wipes_a_fresh_cell_and_keeps_a_resuming_one(sweeper):
+def test_rerun_wipes_every_cell_it_starts_over_whatever_its_resume_mode(sweeper):
+    # --rerun is the explicit fresh start: a resume_mode='latest' cell must not go on from
+    # the steps it promised to delete.
     sweeper.grid("g", GRID)
     root = sweeper.path / "ckpts"
     fresh_steps = make_steps(root / "g" / "base", 10, 20)
@@ -142,10 +144,25 @@ def test_rerun_wipes_a_fresh_cell_and_keeps_a_resuming_one(sweeper):
     result = sweeper.run("run", "--executor", "debug", "--rerun", env={"CHECKPOINTS_DIR": str(root)})
     assert result.ret == 0, result
     assert "deleting 2 checkpoint entries" in result.output and "global_step_10, global_step_20" in result.output
-    assert not any(step.exists() for step in fresh_steps)
-    assert resumed_steps[0].is_dir()
+    assert "deleting 1 checkpoint entries" in result.output and "global_step_30" in result.output
+    assert not any(step.exists() for step in fresh_steps + resumed_steps)
     log = (sweeper.path / "runs" / "g" / "base" / "stdout.log").read_text()
     assert f"CKPT_DIR={root / 'g' / 'base'}" in log
+
+
+def test_what_is_not_a_step_is_no_checkpoint_and_is_never_deleted(sweeper):
+    # An export (or a log) under the checkpoint dir neither stops a plain run nor goes with --rerun.
+    sweeper.grid("g", GRID)
+    root = sweeper.path / "ckpts"
+    export = root / "g" / "base" / "export" / "hf.bin"
+    export.parent.mkdir(parents=True)
+    export.write_bytes(b"weights")
+    plain = sweeper.run("run", "--executor", "debug", "grids/g.py::base", env={"CHECKPOINTS_DIR": str(root)})
+    assert plain.ret == 0, plain
+    rerun = sweeper.run("run", "--executor", "debug", "--rerun", "grids/g.py::base",
+                        env={"CHECKPOINTS_DIR": str(root)})
+    assert rerun.ret == 0, rerun
+    assert export.read_bytes() == b"weights" and "deleting" not in rerun.output
 
 
 def test_rerun_opt_out_by_env(sweeper):

@@ -84,3 +84,24 @@ def test_the_dry_run_plans_the_resume(sweeper, failed_cell):
     assert "RESUME   grids/g.py::base  (resuming a failed run)" in planned.stdout
     assert "env:  SWEEP_RESUME=1" in planned.stdout
     assert (failed_cell / "global_step_5").is_dir()
+
+
+def test_only_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper):
+    # A plain run's fresh plan found ckpt/ empty; what another process wrote there since is kept.
+    from sweepkit import plan as pl
+    from sweepkit.cli import start_session
+    from sweepkit.collect import collect
+
+    sweeper.write("stepper.py", STEPPER)
+    sweeper.grid("g", GRID.format(variable="SWEEP_CKPT_DIR"))
+    session = start_session(["run", "--rootdir", str(sweeper.path), str(sweeper.path / "grids")])
+    session.configure()
+    (cell,) = collect(session, [str(sweeper.path / "grids")]).cells
+    directory = sweeper.path / "runs" / "g" / "base"
+    step = directory / "ckpt" / "global_step_3"
+    step.mkdir(parents=True)
+
+    kept = pl.write_cell_files(pl.Plan(cell=cell, directory=directory, action=pl.FRESH))
+    assert kept == [] and step.is_dir()
+    deleted = pl.write_cell_files(pl.Plan(cell=cell, directory=directory, action=pl.FRESH, rerun=True))
+    assert deleted == [step] and not step.exists()
