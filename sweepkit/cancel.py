@@ -1,4 +1,10 @@
-"""``sweep cancel [PATH[::CELL] ...]``: stop the SLURM jobs of cells, chains included.
+"""``sweep cancel [PATH[::CELL] ...]``: stop the cells' runs: the SLURM jobs of cells,
+chains included, and the live ``sweep run`` drivers on this machine that run any of them.
+
+A driver is stopped as Ctrl-C stops it (SIGTERM, see ``runner.sigterm_interrupts``): its
+running cells are cancelled (a trainer checkpoints its step first) and the cells it had
+not started are recorded cancelled. A local cell runs under its driver, so stopping the
+driver stops every cell it runs; the command names them.
 
 Every job a cell may still have in the queue is cancelled in one ``scancel``: the job of
 its last submission (for a chain, all its links: an ``afterany`` link whose predecessor
@@ -11,6 +17,9 @@ driver: this works whether the driver that submitted the cells runs, exited or w
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import time
 from pathlib import Path
 
@@ -106,19 +115,82 @@ def mark_cancelled(target: Cancelled) -> bool:
     return bool(done)
 
 
+@attrs.frozen
+class Driver:
+    """A live ``sweep run`` that runs some of the cells to cancel."""
+
+    lock: Path
+    host: str
+    pid: int
+    cells: tuple[str, ...]
+
+
+def live_drivers(directories: list[Path]) -> list[Driver]:
+    """The drivers, alive now, that marked any of these cells and have not finished them."""
+    found: dict[Path, list[str]] = {}
+    for directory in directories:
+        state = st.read_state(directory)
+        if state is None or not state.driver or state.state not in ("pending", "submitted", "running"):
+            continue
+        lock = Path(state.driver)
+        if st.is_held(lock):
+            found.setdefault(lock, []).append(state.nodeid)
+    drivers = []
+    for lock, cells in found.items():
+        try:
+            host, pid = lock.read_text().split()
+            drivers.append(Driver(lock=lock, host=host, pid=int(pid), cells=tuple(cells)))
+        except (OSError, ValueError):
+            continue  # released meanwhile
+    return drivers
+
+
+def stop_drivers(drivers: list[Driver], directories: list[Path], timeout_s: float = SETTLE_TIMEOUT_S) -> list[Driver]:
+    """SIGTERM the drivers on this host and wait for them and the cells' processes to end;
+    returns the drivers still alive (or on another host) at the deadline."""
+    here = [driver for driver in drivers if driver.host == socket.gethostname()]
+    for driver in here:
+        try:
+            os.kill(driver.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(st.is_held(driver.lock) for driver in here) and not any(map(st.is_locked, directories)):
+            break
+        time.sleep(SETTLE_POLL_S)
+    return [driver for driver in drivers if driver not in here or st.is_held(driver.lock)]
+
+
 def cancel_command(session, specs) -> int:
     try:
         directories = st.find_cell_dirs(session.runs_dir, specs)
     except ValueError as error:
         raise UsageError(str(error)) from None
     console = session.console
+    drivers = live_drivers(directories)
+    for driver in drivers:
+        console.print(f"stop    sweep run pid {driver.pid} on {driver.host}, which runs "
+                      f"{', '.join(driver.cells)}", markup=False)
+    left_running = stop_drivers(drivers, directories) if drivers else []
+    for directory in directories:  # a cell whose job process was killed before it could say so
+        state = st.read_state(directory)
+        if state is not None and any(state.driver == str(driver.lock) for driver in drivers) \
+                and st.effective_state(directory, state) == "interrupted":
+            mark_cancelled(Cancelled(directory=directory, token=None, job_ids=()))
+    for driver in left_running:
+        console.print(f"still running: sweep run pid {driver.pid} on {driver.host} (run sweep cancel there)",
+                      markup=False)
+    slurm_cells = [d for d in directories if (state := st.read_state(d)) is not None and state.submission is not None
+                   and state.submission.executor == failures.SLURM]
     try:
-        cancelled = cancel_cells(session.runs_dir, directories)
+        cancelled = cancel_cells(session.runs_dir, directories) if slurm_cells or not drivers else []
     except sacct.SlurmUnavailable as error:
         raise UsageError(f"sweep cancel needs SLURM's sacct and scancel: {error}") from None
     if not cancelled:
-        console.print(f"no SLURM job to cancel among {len(directories)} cell(s)", markup=False)
-        return ExitCode.OK
+        if not drivers:
+            console.print(f"no running cell or SLURM job to cancel among {len(directories)} cell(s)", markup=False)
+        return ExitCode.CELLS_FAILED if left_running else ExitCode.OK
     for target in cancelled:
         console.print(f"cancel  {session.display_path(target.directory)}  slurm job(s) "
                       f"{','.join(target.job_ids)}", markup=False)

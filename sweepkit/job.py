@@ -9,10 +9,12 @@ It imports only the standard library, attrs and ``sweepkit.state``, so a job sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +23,10 @@ import attrs
 
 from sweepkit import state as st
 
-# How long a child gets between SIGTERM and SIGKILL when its job is interrupted.
-TERMINATE_GRACE_S = 10.0
+# How long a child gets between SIGTERM and SIGKILL when its job is interrupted: a
+# trainer finishes its step and checkpoints it (a GPU step can take half a minute).
+TERMINATE_GRACE_S = 60.0
+LOCAL_EXECUTORS = ("local", "debug")
 
 
 def _str_tuple(values) -> tuple[str, ...]:
@@ -113,9 +117,13 @@ def _run_child(job: CellJob, directory: Path, lock_fd: int) -> tuple[int | None,
     with open(directory / st.STDOUT_FILE, mode) as stdout, open(directory / st.STDERR_FILE, mode) as stderr:
         # The child shares the lock: if this job process is killed, the cell still counts
         # as running for as long as its command does, so nobody starts it a second time.
+        # On this machine the cell gets its own session: Ctrl-C in the driver's terminal then
+        # reaches it once, as the SIGTERM sent below, not also as the terminal's SIGINT (a
+        # trainer stops at its first signal with a checkpoint and dies at a second). Not
+        # under SLURM, whose process tracking may go by process group (proctrack/pgid).
         child = subprocess.Popen(
             list(job.argv), cwd=directory, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-            pass_fds=(lock_fd,),
+            pass_fds=(lock_fd,), start_new_session=job.executor in LOCAL_EXECUTORS,
         )
         try:
             returncode = child.wait()
@@ -131,11 +139,26 @@ def _terminate(child: subprocess.Popen) -> None:
     if child.poll() is not None:
         return
     child.send_signal(signal.SIGTERM)
+    # Ctrl-C reaches this process twice (the terminal's SIGINT, then the driver cancelling
+    # its job); the second must not cut short the wait for the child to checkpoint and end.
+    with _ignoring(signal.SIGINT):
+        try:
+            child.wait(TERMINATE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+@contextlib.contextmanager
+def _ignoring(signum: int):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, signal.SIG_IGN)
     try:
-        child.wait(TERMINATE_GRACE_S)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 def _describe_failure(returncode: int, stderr_path: Path) -> str:

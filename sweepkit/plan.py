@@ -223,6 +223,17 @@ def mark_pending(plan: Plan, driver: Path | None = None) -> bool:
     return not taken
 
 
+def mark_cancelled(plan: Plan, driver: Path) -> None:
+    """Record as cancelled a cell this driver marked pending and never started."""
+
+    def change(state: st.CellState | None) -> st.CellState | None:
+        if state is None or state.state != "pending" or state.driver != str(driver):
+            return None
+        return attrs.evolve(state, state="cancelled")
+
+    st.update_state(plan.directory, change)
+
+
 def mark_submitted(job: CellJob) -> bool:
     """Write the job's token before it starts (see ``sweepkit.job``); False when another
     process holds the cell's lock, so this job must not be submitted."""

@@ -9,10 +9,13 @@ driver is running are watched through their lock until it is released.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import attrs
@@ -147,6 +150,32 @@ def dry_run(session, plans, jobs, executor: Executor) -> int:
     return ExitCode.OK
 
 
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM (``sweep cancel``, ``kill``) stops a driver the way Ctrl-C does: its running
+    cells are cancelled and recorded. A driver started in the background by a shell ignores
+    SIGINT, so SIGTERM is how it is stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    # A driver a shell put in the background inherits SIGINT ignored, and so would every
+    # process it starts: submitit cancels a local job with SIGINT, which must not be lost.
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def start_background_driver(session, n_jobs: int) -> int:
     """``--detach`` with an executor whose jobs need a driver: start this same command
     without ``--detach`` in a new session, its output in the runs dir, and return."""
@@ -196,7 +225,7 @@ class Run:
             self.driver_lock.release()
 
     def _execute(self) -> int:
-        with self.display:
+        with self.display, sigterm_interrupts():
             for plan in self.plans:
                 tracked = Tracked(plan=plan, follower=Follower(plan.directory), job=self.jobs.get(plan.cell.nodeid))
                 if plan.action == pl.SKIP:
@@ -218,6 +247,8 @@ class Run:
             except KeyboardInterrupt:
                 for tracked in self.active:
                     self.executor.cancel(tracked.handle)
+                for tracked in self.queue:  # asked to stop: the cells it had not started are cancelled too
+                    pl.mark_cancelled(tracked.plan, driver=self.driver_lock.path)
                 self.display.event("cancelled", "run", "interrupted; cancelled the running cells")
                 self.executor.close()
                 self._summary()

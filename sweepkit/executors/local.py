@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import attrs
 
+from sweepkit import state as st
 from sweepkit.executors.base import DONE, RUNNING, Executor, Handle
 from sweepkit.hookspec import hookimpl
 from sweepkit.job import CellJob, run_cell
@@ -135,7 +137,28 @@ class LocalExecutor(Executor):
         return lines[-1].strip() if lines else type(failure).__name__
 
     def cancel(self, handle: Handle) -> None:
-        handle.job.cancel()
+        # Interrupt the job's own process, which stops the cell's command and records the
+        # attempt; submitit's cancel would interrupt its controller, which dies with a
+        # traceback on the driver's terminal. Before the job has started, submitit's.
+        attempt = _running_attempt(handle)
+        if attempt is None:
+            handle.job.cancel()
+            return
+        try:
+            os.kill(attempt.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+
+def _running_attempt(handle: Handle):
+    """The attempt the handle's job runs on this machine now, or None."""
+    if handle.cell is None:
+        return None
+    state = st.read_state(Path(handle.cell.cell_dir))
+    attempt = state.last_attempt if state is not None and state.state == "running" else None
+    if attempt is None or attempt.job_id != handle.job_id or attempt.host != socket.gethostname() or not attempt.pid:
+        return None
+    return attempt
 
 
 def _make(session) -> LocalExecutor:

@@ -1,0 +1,86 @@
+"""``sweep cancel`` of a local run: it stops the driver as Ctrl-C would, the trainer
+checkpoints the step it is in, and the cells never started are recorded cancelled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+TRAINER_GRID = """
+import sweepkit as sk
+base = sk.base(model="tiny-random", dataset="synthetic", device="cpu", backend="hf", num_gpus=0, gpus=0,
+               train_batch_size=4, policy_mini_batch_size=2, n_samples_per_prompt=4, max_generate_length=6,
+               lr=3e-3, epochs=1000, max_steps=100000, ckpt_interval=0, eval_before_train=False,
+               export_final=False)
+slower = sk.cell(lr=1e-3)
+"""
+
+
+def train_steps(path) -> list[int]:
+    if not path.is_file():
+        return []
+    return [record["step"] for record in map(json.loads, path.read_text().splitlines()) if record["kind"] == "train"]
+
+
+def start_driver(sweeper, **popen) -> subprocess.Popen:
+    """``sweep run`` of the trainer grid, once its first cell has logged two steps."""
+    sweeper.grid("t", TRAINER_GRID)
+    env = {**os.environ, "COLUMNS": "200", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(sweeper.path), os.environ.get("PYTHONPATH", "")) if p)}
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run"], cwd=sweeper.path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    deadline = time.monotonic() + 180
+    while len(train_steps(sweeper.path / "runs" / "t" / "base" / "metrics.jsonl")) < 2:
+        assert driver.poll() is None, driver.stdout.read()
+        assert time.monotonic() < deadline, "the trainer logged no second step within three minutes"
+        time.sleep(0.1)
+    return driver
+
+
+def test_cancel_stops_a_background_run_and_the_trainer_checkpoints_its_step(sweeper):
+    # As a shell starts a background job: SIGINT ignored, inherited by all it starts.
+    driver = start_driver(sweeper, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    metrics = sweeper.path / "runs" / "t" / "base" / "metrics.jsonl"
+
+    cancelled = sweeper.run("cancel", env={"CUDA_VISIBLE_DEVICES": ""})
+    output, _ = driver.communicate(timeout=120)
+
+    assert cancelled.ret == 0, cancelled
+    assert "stop    sweep run pid" in cancelled.stdout and "grids/t.py::slower" in cancelled.stdout
+    assert "Traceback" not in output, output
+    cell = sweeper.path / "runs" / "t" / "base"
+    state = json.loads((cell / "state.json").read_text())
+    assert state["state"] == "cancelled" and state["attempts"][-1]["returncode"] == 128 + signal.SIGTERM
+    last = train_steps(metrics)[-1]
+    assert sorted(p.name for p in (cell / "ckpt").glob("global_step_*")) == [f"global_step_{last}"]
+    never_started = json.loads((sweeper.path / "runs" / "t" / "slower" / "state.json").read_text())
+    assert never_started["state"] == "cancelled" and never_started["attempts"] == []
+    status = sweeper.run("status")
+    assert "2 CANCELLED" in status.stdout, status
+    # The run goes on from the checkpoint when asked.
+    plan = sweeper.run("run", "grids/t.py::base", "--resume", "--dry-run")
+    assert "RESUME   grids/t.py::base" in plan.stdout, plan
+
+
+def test_ctrl_c_reaches_the_trainer_once_and_it_checkpoints_its_step(sweeper):
+    # Ctrl-C in a terminal: SIGINT to the driver's whole process group.
+    driver = start_driver(sweeper, start_new_session=True)
+    os.killpg(driver.pid, signal.SIGINT)
+    driver.communicate(timeout=120)
+    cell = sweeper.path / "runs" / "t" / "base"
+    deadline = time.monotonic() + 120
+    while (state := json.loads((cell / "state.json").read_text()))["state"] == "running" and \
+            subprocess.run(["flock", "-n", str(cell / ".lock"), "true"]).returncode != 0:
+        assert time.monotonic() < deadline, "the cell's process did not end within two minutes"
+        time.sleep(0.2)
+
+    assert driver.returncode != 0
+    last = train_steps(cell / "metrics.jsonl")[-1]
+    # One signal reached the trainer: it finished its step and checkpointed it (a second
+    # would have ended it at once, with no checkpoint).
+    assert sorted(p.name for p in (cell / "ckpt").glob("global_step_*")) == [f"global_step_{last}"]
+    assert "stopped by SIGTERM" in (cell / "stderr.log").read_text()
