@@ -10,9 +10,10 @@ with checkpoints there stops and asks for ``--resume`` or ``--rerun``, and ``--r
 resumes from them, exactly as for checkpoints in the cell dir. Before a cell starts, its
 dir is wiped only when all of these hold:
 
-- the user asked for a fresh start (``sweep run --rerun``: sweepkit planned a fresh run
-  of a cell that has checkpoints) and the cell's resume mode is *explicitly* fresh
-  (``resume_mode=None``); ``"latest"`` / ``"from_path"`` keep everything;
+- the user asked for a fresh start (``sweep run --rerun``), which is the explicit fresh
+  mode the wipe waits for whatever the cell's own ``resume_mode``: a ``"latest"`` cell
+  would otherwise go on from the steps ``--rerun`` promised to delete. Without
+  ``--rerun`` nothing is deleted, whatever the resume mode;
 - the dir resolves (symlinks followed) strictly inside the resolved root;
 - the wipe is not switched off (``clean_ckpt=False`` or ``CLEAN_CKPT=0``).
 

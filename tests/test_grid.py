@@ -1,12 +1,16 @@
 """The grid-file API: declarations, ids, tied keys, products, marks, on=, and locations."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 import sweepkit as sk
 from sweepkit.grid import GridError
 from sweepkit.ids import format_value, from_template, id_problem
+
+REPO = Path(__file__).resolve().parents[1]
 
 HEADER = '''
 import sweepkit as sk
@@ -126,3 +130,23 @@ def test_cell_config_hash_is_stable_and_sensitive():
     assert cell.target_config() == {"lr": 1.0}
     assert cell.launch() == {"gpus": 2}
     json.dumps(cell.to_json())
+
+
+def test_the_documented_grid_examples_collect_as_written(sweeper):
+    # The README's and ARCHITECTURE's example grids, verbatim; with the smoke profile (no
+    # GPUs needed) every cell would run.
+    from test_job import readme_block
+
+    architecture = re.findall(r"```python\n(# grids/example.py\n.*?)```", (REPO / "docs" / "ARCHITECTURE.md").read_text(),
+                              flags=re.S)
+    assert len(architecture) == 1
+    sweeper.write("grids/my_grid.py", readme_block("# grids/my_grid.py"))
+    sweeper.write("grids/example.py", architecture[0])
+    for grid, cells in (("my_grid", 15), ("example", 16)):  # the second has tbs256 too
+        listed = sweeper.run("list", f"grids/{grid}.py")
+        assert listed.ret == 0, listed
+        assert f"{cells} cells in 1 grid" in listed.stdout and f"grids/{grid}.py::lr1e-5_n8" in listed.stdout
+        planned = sweeper.run("run", f"grids/{grid}.py", "--profile", "smoke", "--dry-run",
+                              env={"CUDA_VISIBLE_DEVICES": ""})
+        assert planned.ret == 0, planned
+        assert f"would run {cells} fresh" in planned.stdout
