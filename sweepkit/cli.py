@@ -135,6 +135,12 @@ def _initial_sweepconf_dirs(paths: list[str], rootdir: Path) -> list[Path]:
 def start_session(argv: list[str]) -> Session:
     early = _early_options(argv)
     pm = plugin.make_plugin_manager()
+    # `-p acme_cluster` finds acme_cluster.py in the project (the installed `sweep` script,
+    # unlike `python -m sweepkit`, has no current directory on its path); installed
+    # modules still come first.
+    project = str(Path(early.rootdir or ".").resolve())
+    if project not in sys.path:
+        sys.path.append(project)
     plugin.load_plugins(pm, early.plugins or ())
     session = Session.from_options(pm, early)
     for directory in _initial_sweepconf_dirs(getattr(early, "paths", None) or [], session.rootdir):

@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from pathlib import Path
+
 import attrs
 
 from sweepkit import plan as pl
@@ -176,6 +178,16 @@ def sigterm_interrupts():
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def status_command(session) -> str:
+    """The ``sweep status`` that finds this run: with its --rootdir / --runs-dir when not the defaults."""
+    words = ["sweep"]
+    if session.rootdir != Path.cwd().resolve():
+        words += ["--rootdir", str(session.rootdir)]
+    if session.runs_dir != session.rootdir / "runs":
+        words += ["--runs-dir", str(session.runs_dir)]
+    return shlex.join([*words, "status"])
+
+
 def start_background_driver(session, n_jobs: int) -> int:
     """``--detach`` with an executor whose jobs need a driver: start this same command
     without ``--detach`` in a new session, its output in the runs dir, and return."""
@@ -187,7 +199,7 @@ def start_background_driver(session, n_jobs: int) -> int:
         driver = subprocess.Popen([sys.executable, "-m", "sweepkit", *argv], stdout=output, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
     session.console.print(f"detached: driver pid {driver.pid} runs {n_jobs} cell(s); its output: "
-                          f"{session.display_path(log)}; follow with: sweep status", markup=False)
+                          f"{session.display_path(log)}; follow with: {status_command(session)}", markup=False)
     return ExitCode.OK
 
 

@@ -1,5 +1,12 @@
 """Plugins: sweepconf.py next to the grids, -p modules, entry points, misspelt hooks, `sweep plugins`."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
 GRID = '''
 import sweepkit as sk
 target = sk.command("{python}", "-c", "pass")
@@ -60,6 +67,21 @@ def test_dash_p_loads_a_module(sweeper):
     result = sweeper.run("list", "-p", "launchplug")
     assert result.ret == 4
     assert "grids/g.py:3: big: nodes: expected int, got 'two' (str)" in result.stderr
+
+
+def test_dash_p_finds_a_module_of_the_project_without_pythonpath(sweeper):
+    # The installed `sweep` script has no current directory on its path, unlike
+    # `python -m sweepkit`; the project's own plugin module must still be found.
+    sweeper.grid("g", 'import sweepkit as sk\nbase = sk.base(lr=1e-6)\nbig = sk.cell(nodes=2)\n')
+    sweeper.write("launchplug.py", LAUNCH_PLUGIN)
+    script = Path(sys.executable).parent / "sweep"
+    if not script.is_file():
+        pytest.skip("the sweep script is not installed next to this python")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    listed = subprocess.run([str(script), "-p", "launchplug", "list"], cwd=sweeper.path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert "grids/g.py::big  nodes=2" in listed.stdout
 
 
 def test_dash_p_of_a_missing_module(sweeper):

@@ -262,7 +262,7 @@ def test_detach_then_status_follows_from_disk(cpu_sweeper):
     script_grid(cpu_sweeper, "g", "second = sk.cell(steps=4)", sleep=0.3)
     result = cpu_sweeper.run("run", "--detach")
     assert result.ret == 0, result
-    assert "detached" in result.stdout
+    assert "detached" in result.stdout and "follow with: sweep status" in result.stdout
     logs = list((cpu_sweeper.path / "runs" / ".drivers").glob("*.log"))
     assert len(logs) == 1
 
@@ -329,3 +329,13 @@ def test_real_trainer_cell_runs_and_reports(cpu_sweeper):
     assert throughput["sec_per_step"] > 0 and throughput["tok_per_s"] > 0
     assert 0 < throughput["gen_frac"] < 1 and 0 < throughput["train_frac"] < 1
     assert accuracy["pass_at_k"] is not None and accuracy["reward_last"] is not None
+
+
+def test_the_status_command_a_detached_run_prints_finds_its_runs(tmp_path, monkeypatch):
+    from sweepkit.cli import start_session
+    from sweepkit.runner import status_command
+
+    monkeypatch.chdir(tmp_path)
+    assert status_command(start_session(["status"])) == "sweep status"
+    elsewhere = start_session(["--runs-dir", "elsewhere", "status"])
+    assert status_command(elsewhere) == f"sweep --runs-dir {tmp_path / 'elsewhere'} status"

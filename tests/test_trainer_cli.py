@@ -57,6 +57,16 @@ def test_bad_override_exits_2_naming_the_key(tmp_path, capsys, override, key):
     assert key in err
 
 
+def test_help_lists_every_config_key_with_its_default(capsys):
+    from trainer.config import schema
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    for key, field in schema().items():
+        assert f"  {key} ({field['type_name']}, default {field['default']!r}): " in shown
+
+
 def test_missing_config_file_exits_2(tmp_path, capsys):
     code, err = run_in_process(capsys, tmp_path / "nope.json", "--ckpt-dir", tmp_path / "c")
     assert code == EXIT_CONFIG and "nope.json" in err

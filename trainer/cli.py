@@ -14,15 +14,24 @@ import os
 import sys
 from pathlib import Path
 
-from trainer.config import ConfigError, TrainerConfig
+from trainer.config import ConfigError, TrainerConfig, schema
 
 EXIT_CONFIG = 2
 EXIT_CHECKPOINT = 3
 
 
+def config_keys_help() -> str:
+    """Every config key with its type, default and meaning (the schema sweepkit validates with)."""
+    lines = ["config keys (in the JSON file or as KEY=VALUE):"]
+    for key, field in schema().items():
+        lines.append(f"  {key} ({field['type_name']}, default {field['default']!r}): {field['doc']}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sweep-train", description="Train a policy with GRPO from a JSON config.")
+        prog="sweep-train", description="Train a policy with GRPO from a JSON config.",
+        epilog=config_keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="JSON file of trainer config keys")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="override a key; the value is parsed as JSON when it parses (lr=1e-5, "
