@@ -55,7 +55,9 @@ def cmd_list(session: Session) -> int:
     cells = _selected(session)
     for cell in cells:
         session.console.print(cell_line(cell))
-    total = sum(len(c) for c in session.collected.values() if c is not None)
+    # Cells of the files named, not of a grid collected only to give another its base.
+    named = {path.resolve() for path, _ in files_of_args(session.options.paths, session.rootdir)}
+    total = sum(len(session.collected.get(path) or ()) for path in named)
     grids = {c.grid for c in cells}
     summary = f"{_plural(len(cells), 'cell')} in {_plural(len(grids), 'grid')}"
     if total > len(cells):

@@ -125,6 +125,7 @@ lr = sk.axis("lr", [1e-5])
     assert result.ret == 0, result
     assert "grids/second.py::lr1e-5  lr=1e-5\n" in result.stdout
     assert "grids/first.py" not in result.stdout  # collected for the base, not listed
+    assert "2 cells in 1 grid\n" in result.stdout  # nor counted as deselected
 
     result = sweeper.run("run", "--dry-run", "grids/second.py::base")
     assert result.ret == 0, result
