@@ -104,8 +104,11 @@ def build_parser(registry=None, parser_class=argparse.ArgumentParser):
     report = command("report", "throughput and accuracy tables from the runs on disk")
     report.add_argument("paths", nargs="*", metavar="PATH[::CELL]",
                         help="grid files or directories; the tables of a PATH::CELL are its whole grid's")
-    report.add_argument("--format", choices=REPORT_FORMATS, default="table")
-    cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them")
+    report.add_argument("--format", choices=REPORT_FORMATS, default="table",
+                        help="what is printed (default: table); the parquet, csv and md files are "
+                             "written under runs/<grid>/report/ whatever the format")
+    cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them, "
+                               "and stop the local sweep run on this machine that runs any of them")
     cancel.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
     command("plugins", "list active plugins and the hooks each implements")
     return parser, subparsers
