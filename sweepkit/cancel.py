@@ -2,9 +2,11 @@
 chains included, and the live ``sweep run`` drivers on this machine that run any of them.
 
 A driver is stopped as Ctrl-C stops it (SIGTERM, see ``runner.sigterm_interrupts``): its
-running cells are cancelled (a trainer checkpoints its step first) and the cells it had
-not started are recorded cancelled. A local cell runs under its driver, so stopping the
-driver stops every cell it runs; the command names them.
+running cells are interrupted through their own job process (a trainer checkpoints its
+step first) and the cells it had not started are recorded cancelled; a cell whose job
+ended before it could record its end is recorded cancelled here. A local cell runs under
+its driver, so stopping the driver stops every cell it runs, named or not; the command
+lists them first.
 
 Every job a cell may still have in the queue is cancelled in one ``scancel``: the job of
 its last submission (for a chain, all its links: an ``afterany`` link whose predecessor
@@ -117,36 +119,41 @@ def mark_cancelled(target: Cancelled) -> bool:
 
 @attrs.frozen
 class Driver:
-    """A live ``sweep run`` that runs some of the cells to cancel."""
+    """A live ``sweep run`` that runs some of the cells to cancel, and every cell it runs."""
 
     lock: Path
     host: str
     pid: int
-    cells: tuple[str, ...]
+    cells: tuple[Path, ...]
 
 
-def live_drivers(directories: list[Path]) -> list[Driver]:
-    """The drivers, alive now, that marked any of these cells and have not finished them."""
-    found: dict[Path, list[str]] = {}
-    for directory in directories:
+UNFINISHED = ("pending", "submitted", "running")
+
+
+def live_drivers(runs_dir: Path, directories: list[Path]) -> list[Driver]:
+    """The drivers, alive now, that run any of these cells; with each, all the cells of the
+    runs dir it has not finished (stopping it stops them all)."""
+    def driver_of(directory: Path) -> Path | None:
         state = st.read_state(directory)
-        if state is None or not state.driver or state.state not in ("pending", "submitted", "running"):
-            continue
-        lock = Path(state.driver)
-        if st.is_held(lock):
-            found.setdefault(lock, []).append(state.nodeid)
+        return Path(state.driver) if state is not None and state.driver and state.state in UNFINISHED else None
+
+    locks = {lock for directory in directories if (lock := driver_of(directory)) and st.is_held(lock)}
+    if not locks:
+        return []
+    everything = st.find_cell_dirs(runs_dir, [])
     drivers = []
-    for lock, cells in found.items():
+    for lock in sorted(locks):
         try:
             host, pid = lock.read_text().split()
-            drivers.append(Driver(lock=lock, host=host, pid=int(pid), cells=tuple(cells)))
         except (OSError, ValueError):
             continue  # released meanwhile
+        cells = tuple(directory for directory in everything if driver_of(directory) == lock)
+        drivers.append(Driver(lock=lock, host=host, pid=int(pid), cells=cells))
     return drivers
 
 
-def stop_drivers(drivers: list[Driver], directories: list[Path], timeout_s: float = SETTLE_TIMEOUT_S) -> list[Driver]:
-    """SIGTERM the drivers on this host and wait for them and the cells' processes to end;
+def stop_drivers(drivers: list[Driver], timeout_s: float = SETTLE_TIMEOUT_S) -> list[Driver]:
+    """SIGTERM the drivers on this host and wait for them and their cells' processes to end;
     returns the drivers still alive (or on another host) at the deadline."""
     here = [driver for driver in drivers if driver.host == socket.gethostname()]
     for driver in here:
@@ -155,8 +162,9 @@ def stop_drivers(drivers: list[Driver], directories: list[Path], timeout_s: floa
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(st.is_held(driver.lock) for driver in here) and not any(map(st.is_locked, directories)):
+    while here and time.monotonic() < deadline:
+        if not any(st.is_held(driver.lock) for driver in here) and \
+                not any(st.is_locked(cell) for driver in here for cell in driver.cells):
             break
         time.sleep(SETTLE_POLL_S)
     return [driver for driver in drivers if driver not in here or st.is_held(driver.lock)]
@@ -168,19 +176,22 @@ def cancel_command(session, specs) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
     console = session.console
-    drivers = live_drivers(directories)
+    drivers = live_drivers(session.runs_dir, directories)
     for driver in drivers:
-        console.print(f"stop    sweep run pid {driver.pid} on {driver.host}, which runs "
-                      f"{', '.join(driver.cells)}", markup=False)
-    left_running = stop_drivers(drivers, directories) if drivers else []
-    for directory in directories:  # a cell whose job process was killed before it could say so
-        state = st.read_state(directory)
-        if state is not None and any(state.driver == str(driver.lock) for driver in drivers) \
-                and st.effective_state(directory, state) == "interrupted":
-            mark_cancelled(Cancelled(directory=directory, token=None, job_ids=()))
+        cells = ", ".join(session.display_path(cell) for cell in driver.cells)
+        console.print(f"stop    sweep run pid {driver.pid} on {driver.host}, and with it every cell it runs: "
+                      f"{cells}", markup=False)
+    left_running = stop_drivers(drivers) if drivers else []
+    stopped = [driver for driver in drivers if driver not in left_running]
+    for driver in stopped:  # cells whose job ended before it could record so, or never started
+        for cell in driver.cells:
+            state = st.read_state(cell)
+            if state is not None and state.state in UNFINISHED and not st.is_locked(cell):
+                mark_cancelled(Cancelled(directory=cell, token=None, job_ids=()))
     for driver in left_running:
-        console.print(f"still running: sweep run pid {driver.pid} on {driver.host} (run sweep cancel there)",
-                      markup=False)
+        where = "on another machine: run sweep cancel there" if driver.host != socket.gethostname() \
+            else f"still running after {SETTLE_TIMEOUT_S:.0f}s"
+        console.print(f"not stopped: sweep run pid {driver.pid} on {driver.host} ({where})", markup=False)
     slurm_cells = [d for d in directories if (state := st.read_state(d)) is not None and state.submission is not None
                    and state.submission.executor == failures.SLURM]
     try:

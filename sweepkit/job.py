@@ -26,7 +26,6 @@ from sweepkit import state as st
 # How long a child gets between SIGTERM and SIGKILL when its job is interrupted: a
 # trainer finishes its step and checkpoints it (a GPU step can take half a minute).
 TERMINATE_GRACE_S = 60.0
-LOCAL_EXECUTORS = ("local", "debug")
 
 
 def _str_tuple(values) -> tuple[str, ...]:
@@ -117,13 +116,13 @@ def _run_child(job: CellJob, directory: Path, lock_fd: int) -> tuple[int | None,
     with open(directory / st.STDOUT_FILE, mode) as stdout, open(directory / st.STDERR_FILE, mode) as stderr:
         # The child shares the lock: if this job process is killed, the cell still counts
         # as running for as long as its command does, so nobody starts it a second time.
-        # On this machine the cell gets its own session: Ctrl-C in the driver's terminal then
-        # reaches it once, as the SIGTERM sent below, not also as the terminal's SIGINT (a
-        # trainer stops at its first signal with a checkpoint and dies at a second). Not
-        # under SLURM, whose process tracking may go by process group (proctrack/pgid).
+        # The cell stays in this process group: a hang-up or a kill of the group ends it
+        # too, and SLURM's process tracking may go by group (proctrack/pgid). Ctrl-C so
+        # reaches it twice (the terminal's SIGINT, then the SIGTERM below); the trainer
+        # takes signals that close together as one request to stop after its step.
         child = subprocess.Popen(
             list(job.argv), cwd=directory, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-            pass_fds=(lock_fd,), start_new_session=job.executor in LOCAL_EXECUTORS,
+            pass_fds=(lock_fd,),
         )
         try:
             returncode = child.wait()
@@ -136,12 +135,12 @@ def _run_child(job: CellJob, directory: Path, lock_fd: int) -> tuple[int | None,
 
 
 def _terminate(child: subprocess.Popen) -> None:
-    if child.poll() is not None:
-        return
-    child.send_signal(signal.SIGTERM)
-    # Ctrl-C reaches this process twice (the terminal's SIGINT, then the driver cancelling
-    # its job); the second must not cut short the wait for the child to checkpoint and end.
+    # Ctrl-C reaches this process more than once (the terminal's SIGINT, then the driver
+    # cancelling its job); a second must not cut short the wait for the child to end.
     with _ignoring(signal.SIGINT):
+        if child.poll() is not None:
+            return
+        child.send_signal(signal.SIGTERM)
         try:
             child.wait(TERMINATE_GRACE_S)
         except subprocess.TimeoutExpired:

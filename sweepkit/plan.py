@@ -95,7 +95,7 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
     if state is not None and state.state == "failed" and cell.xfail is not None and not changed:
         # An expected failure is a probe's answer (a ceiling probe can take an hour to give it).
         return Plan(cell=cell, directory=directory, action=SKIP, note="xfailed as expected; --rerun probes it again")
-    holding = [directory / st.CKPT_DIR] if st.has_entries(directory / st.CKPT_DIR) else []
+    holding = [directory / st.CKPT_DIR] if st.has_checkpoints(directory / st.CKPT_DIR) else []
     if checkpoints is not None and st.checkpoint_entries(checkpoints):
         holding.append(Path(checkpoints))
     if holding:

@@ -238,15 +238,16 @@ class Run:
 
     def _execute(self) -> int:
         with self.display, sigterm_interrupts():
-            for plan in self.plans:
-                tracked = Tracked(plan=plan, follower=Follower(plan.directory), job=self.jobs.get(plan.cell.nodeid))
-                if plan.action == pl.SKIP:
-                    self._finish(tracked, "skipped", plan.note)
-                elif plan.action == pl.ATTACH or not self._prepare(tracked):
-                    self._attach(tracked)
-                else:
-                    self.queue.append(tracked)
             try:
+                for plan in self.plans:
+                    tracked = Tracked(plan=plan, follower=Follower(plan.directory),
+                                      job=self.jobs.get(plan.cell.nodeid))
+                    if plan.action == pl.SKIP:
+                        self._finish(tracked, "skipped", plan.note)
+                    elif plan.action == pl.ATTACH or not self._prepare(tracked):
+                        self._attach(tracked)
+                    else:
+                        self.queue.append(tracked)
                 while self.queue or self.active or self.attached:
                     self._watch()
                     self._submit_ready()

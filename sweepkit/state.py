@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -206,11 +207,14 @@ def is_held(lock: Path) -> bool:
     """True while some process holds the ``flock`` on the file ``lock``. Never creates it:
     a lock file its owner removed on release stays gone."""
     try:
-        fd = os.open(lock, os.O_RDONLY)  # flock needs no write access: any reader may ask
+        fd = os.open(lock, os.O_RDONLY)  # any reader may ask
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Shared: it conflicts with the holder's exclusive lock all the same, and needs only
+        # read access (on NFS, flock is emulated with fcntl locks, and an exclusive one
+        # needs the file open for writing).
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as error:
         if error.errno in (errno.EAGAIN, errno.EACCES):
             return True
@@ -263,12 +267,14 @@ class CellLock(FileLock):
 
 
 class DriverLock(FileLock):
-    """A ``sweep run`` driver's own lock, ``<runs dir>/.drivers/<host>-<pid>.lock``, held
+    """A ``sweep run`` driver's own lock, ``<runs dir>/.drivers/<host>-<pid>-<random>.lock``, held
     while it lives: a cell it marked pending, and that no job took, is abandoned once the
     lock is free (the driver was killed before it got to the cell)."""
 
     def __init__(self, runs_dir: Path):
-        super().__init__(Path(runs_dir) / DRIVERS_DIR / f"{socket.gethostname()}-{os.getpid()}.lock")
+        # The random part: a later driver that gets the same pid must not hold this path.
+        name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
+        super().__init__(Path(runs_dir) / DRIVERS_DIR / name)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -292,10 +298,17 @@ def checkpoint_entries(path: Path) -> list[Path]:
     return steps + ([pointer] if pointer.is_file() else [])
 
 
-def has_entries(path: Path) -> bool:
-    """True for a directory with anything in it (a checkpoint dir that holds checkpoints)."""
+# What the built-in trainer writes in its checkpoint dir that is no checkpoint to resume
+# from: written before its first step (so a run stopped before it left nothing to resume),
+# or the final export.
+NOT_CHECKPOINTS = frozenset({"run_info.json", "reference.safetensors", "export"})
+
+
+def has_checkpoints(path: Path) -> bool:
+    """True for a cell's ``ckpt/`` that holds checkpoints: anything but :data:`NOT_CHECKPOINTS`
+    (a command target's checkpoints may have any name)."""
     path = Path(path)
-    return path.is_dir() and any(path.iterdir())
+    return path.is_dir() and any(entry.name not in NOT_CHECKPOINTS for entry in path.iterdir())
 
 
 def wipe_checkpoints(directory: Path) -> list[Path]:

@@ -50,7 +50,7 @@ def test_cancel_stops_a_background_run_and_the_trainer_checkpoints_its_step(swee
     output, _ = driver.communicate(timeout=120)
 
     assert cancelled.ret == 0, cancelled
-    assert "stop    sweep run pid" in cancelled.stdout and "grids/t.py::slower" in cancelled.stdout
+    assert "stop    sweep run pid" in cancelled.stdout and "runs/t/slower" in cancelled.stdout
     assert "Traceback" not in output, output
     cell = sweeper.path / "runs" / "t" / "base"
     state = json.loads((cell / "state.json").read_text())
@@ -66,21 +66,49 @@ def test_cancel_stops_a_background_run_and_the_trainer_checkpoints_its_step(swee
     assert "RESUME   grids/t.py::base" in plan.stdout, plan
 
 
-def test_ctrl_c_reaches_the_trainer_once_and_it_checkpoints_its_step(sweeper):
-    # Ctrl-C in a terminal: SIGINT to the driver's whole process group.
+def test_ctrl_c_stops_the_trainer_after_its_step_with_a_checkpoint(sweeper):
+    # Ctrl-C in a terminal: SIGINT to the driver's whole process group, the cell included,
+    # which its job follows with a SIGTERM; the trainer takes the two as one request.
     driver = start_driver(sweeper, start_new_session=True)
     os.killpg(driver.pid, signal.SIGINT)
     driver.communicate(timeout=120)
     cell = sweeper.path / "runs" / "t" / "base"
     deadline = time.monotonic() + 120
-    while (state := json.loads((cell / "state.json").read_text()))["state"] == "running" and \
-            subprocess.run(["flock", "-n", str(cell / ".lock"), "true"]).returncode != 0:
+    while subprocess.run(["flock", "-n", str(cell / ".lock"), "true"]).returncode != 0:
         assert time.monotonic() < deadline, "the cell's process did not end within two minutes"
         time.sleep(0.2)
 
     assert driver.returncode != 0
     last = train_steps(cell / "metrics.jsonl")[-1]
-    # One signal reached the trainer: it finished its step and checkpointed it (a second
-    # would have ended it at once, with no checkpoint).
     assert sorted(p.name for p in (cell / "ckpt").glob("global_step_*")) == [f"global_step_{last}"]
-    assert "stopped by SIGTERM" in (cell / "stderr.log").read_text()
+    assert "; checkpointed in" in (cell / "stderr.log").read_text()
+    status = sweeper.run("status", "grids/t.py::base")
+    assert any(word in status.stdout for word in ("CANCELLED", "INTERRUPTED")), status
+    resumed = sweeper.run("run", "grids/t.py::base", "--resume", "--dry-run")
+    assert "RESUME   grids/t.py::base" in resumed.stdout, resumed
+
+
+def test_cancel_of_a_debug_run_stops_the_driver_not_only_its_current_cell(sweeper):
+    sweeper.grid("d", """
+        import sweepkit as sk
+        target = sk.command("{python}", "-c", "import time; time.sleep(120)")
+        base = sk.base(lr=1.0)
+        other = sk.cell(lr=2.0)
+    """)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(sweeper.path), os.environ.get("PYTHONPATH", "")) if p)}
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run", "--executor", "debug"], cwd=sweeper.path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state = sweeper.path / "runs" / "d" / "base" / "state.json"
+    deadline = time.monotonic() + 60
+    while not (state.is_file() and json.loads(state.read_text())["state"] == "running"):
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+
+    cancelled = sweeper.run("cancel")
+    driver.communicate(timeout=60)
+
+    assert cancelled.ret == 0, cancelled
+    states = {cell: json.loads((sweeper.path / "runs" / "d" / cell / "state.json").read_text())["state"]
+              for cell in ("base", "other")}
+    assert states == {"base": "cancelled", "other": "cancelled"}

@@ -249,6 +249,30 @@ def test_a_signal_that_lands_after_the_steps_checkpoint_decision_still_checkpoin
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("global_step_*")) == ["global_step_1"]
 
 
+STOP_SIGNALS_PROGRAM = """
+import os, signal, sys, time
+from trainer import stopping
+stopping.COALESCE_S = float(sys.argv[1])
+with stopping.StopRequest() as stop:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGTERM)  # as a sweep's job follows the terminal's Ctrl-C
+    time.sleep(0.2)
+    print("still running, asked by", signal.Signals(stop.signum).name)
+"""
+
+
+def test_signals_close_together_are_one_request_to_stop_and_a_later_one_kills():
+    def run(coalesce_s: float) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", STOP_SIGNALS_PROGRAM, str(coalesce_s)], env=trainer_env(),
+                              capture_output=True, text=True, timeout=60)
+
+    together = run(5.0)
+    assert together.returncode == 0 and "still running, asked by SIGINT" in together.stdout, together.stderr
+    apart = run(0.1)
+    assert apart.returncode == -signal.SIGTERM and "still running" not in apart.stdout
+
+
 def test_a_fresh_run_takes_its_own_reference_policy(tmp_path):
     # One mini-batch per step: at step 1 the policy is still the reference, so the KL is 0.
     config = {**RESUMABLE, "policy_mini_batch_size": 4, "max_steps": 1, "seed": 1}

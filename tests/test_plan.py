@@ -105,3 +105,27 @@ def test_only_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper):
     assert kept == [] and step.is_dir()
     deleted = pl.write_cell_files(pl.Plan(cell=cell, directory=directory, action=pl.FRESH, rerun=True))
     assert deleted == [step] and not step.exists()
+
+
+FAILS_AFTER_WRITING = """
+import sweepkit as sk
+target = sk.command("{{python}}", "-c",
+    "import os, sys, pathlib; d = pathlib.Path(os.environ['SWEEP_CKPT_DIR']); "
+    "(d / 'run_info.json').write_text('{{}}'); (d / 'reference.safetensors').write_text(''); "
+    "[(d / name).write_text('weights') for name in sys.argv[1:]]; sys.exit(1)", {names})
+base = sk.base(lr=1.0)
+"""
+
+
+def test_the_trainers_start_files_are_no_checkpoint_to_resume_from(sweeper):
+    # The trainer writes run_info.json (and its KL reference) before step 1: a run that
+    # failed before its first checkpoint is started again fresh, not refused; a file of
+    # any other name is a checkpoint.
+    sweeper.grid("g", FAILS_AFTER_WRITING.format(names=""))
+    assert sweeper.run("run", "--executor", "debug").ret == 1
+    again = sweeper.run("run", "--executor", "debug")
+    assert again.ret == 1 and "nothing was run" not in again.output, again  # it ran again
+    sweeper.grid("g", FAILS_AFTER_WRITING.format(names='"model.pt"'))
+    assert sweeper.run("run", "--executor", "debug", "--rerun").ret == 1
+    refused = sweeper.run("run", "--executor", "debug")
+    assert refused.ret == 4 and "has checkpoints in" in refused.output, refused

@@ -7,17 +7,22 @@ Dying mid-step would lose everything since the last periodic checkpoint, and a
 chained cell whose ``ckpt_interval`` is 0 would start its next link from
 scratch. So the first SIGTERM, SIGINT (or SIGUSR1, for a warning asked with
 ``sbatch --signal``) only asks the loop to stop after the step it is in; the
-loop then checkpoints that step and exits with ``128 + signal``. A second
-signal acts at once.
+loop then checkpoints that step and exits with ``128 + signal``. Signals within
+``COALESCE_S`` of the first are the same request (Ctrl-C in a sweep reaches a
+cell as the terminal's SIGINT and, a moment later, its job's SIGTERM); a signal
+after that acts at once.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+COALESCE_S = 5.0
 
 
 class Stopped(Exception):
@@ -38,6 +43,7 @@ class StopRequest:
 
     def __init__(self, stderr=None):
         self.signum: int | None = None
+        self._first = 0.0
         self._stderr = stderr or sys.stderr
         self._previous: dict[int, object] = {}
 
@@ -54,9 +60,14 @@ class StopRequest:
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
-        self.signum = signum
-        # A second signal is not a request: it ends the process the usual way.
-        for each in SIGNALS:
-            signal.signal(each, signal.SIG_DFL)
+        now = time.monotonic()
+        if self.signum is not None:
+            if now - self._first < COALESCE_S:
+                return  # the same request, delivered twice
+            # A later signal is not a request: it ends the process the usual way.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum, self._first = signum, now
         print(f"sweep-train: {signal.Signals(signum).name}: stopping after this step, with a checkpoint",
               file=self._stderr, flush=True)
