@@ -131,11 +131,16 @@ UNFINISHED = ("pending", "submitted", "running")
 
 
 def live_drivers(runs_dir: Path, directories: list[Path]) -> list[Driver]:
-    """The drivers, alive now, that run any of these cells; with each, all the cells of the
-    runs dir it has not finished (stopping it stops them all)."""
+    """The local drivers, alive now, that run any of these cells; with each, all the cells of
+    the runs dir it has not finished (stopping it stops them all). A driver of SLURM jobs is
+    left alone: its jobs outlive it and are cancelled one by one."""
     def driver_of(directory: Path) -> Path | None:
         state = st.read_state(directory)
         return Path(state.driver) if state is not None and state.driver and state.state in UNFINISHED else None
+
+    def on_slurm(directory: Path) -> bool:
+        state = st.read_state(directory)
+        return state is not None and state.submission is not None and state.submission.executor == failures.SLURM
 
     locks = {lock for directory in directories if (lock := driver_of(directory)) and st.is_held(lock)}
     if not locks:
@@ -148,7 +153,8 @@ def live_drivers(runs_dir: Path, directories: list[Path]) -> list[Driver]:
         except (OSError, ValueError):
             continue  # released meanwhile
         cells = tuple(directory for directory in everything if driver_of(directory) == lock)
-        drivers.append(Driver(lock=lock, host=host, pid=int(pid), cells=cells))
+        if not any(map(on_slurm, cells)):
+            drivers.append(Driver(lock=lock, host=host, pid=int(pid), cells=cells))
     return drivers
 
 

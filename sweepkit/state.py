@@ -302,13 +302,15 @@ def checkpoint_entries(path: Path) -> list[Path]:
 # from: written before its first step (so a run stopped before it left nothing to resume),
 # or the final export.
 NOT_CHECKPOINTS = frozenset({"run_info.json", "reference.safetensors", "export"})
+WRITING_PREFIX = ".tmp-"  # the trainer's half-written files, cleaned up when it next starts
 
 
 def has_checkpoints(path: Path) -> bool:
     """True for a cell's ``ckpt/`` that holds checkpoints: anything but :data:`NOT_CHECKPOINTS`
     (a command target's checkpoints may have any name)."""
     path = Path(path)
-    return path.is_dir() and any(entry.name not in NOT_CHECKPOINTS for entry in path.iterdir())
+    return path.is_dir() and any(entry.name not in NOT_CHECKPOINTS and not entry.name.startswith(WRITING_PREFIX)
+                                 for entry in path.iterdir())
 
 
 def wipe_checkpoints(directory: Path) -> list[Path]:

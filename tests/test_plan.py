@@ -119,9 +119,9 @@ base = sk.base(lr=1.0)
 
 def test_the_trainers_start_files_are_no_checkpoint_to_resume_from(sweeper):
     # The trainer writes run_info.json (and its KL reference) before step 1: a run that
-    # failed before its first checkpoint is started again fresh, not refused; a file of
-    # any other name is a checkpoint.
-    sweeper.grid("g", FAILS_AFTER_WRITING.format(names=""))
+    # failed before its first checkpoint (even during its write) is started again fresh,
+    # not refused; a file of any other name is a checkpoint.
+    sweeper.grid("g", FAILS_AFTER_WRITING.format(names='".tmp-global_step_1"'))  # killed mid-write
     assert sweeper.run("run", "--executor", "debug").ret == 1
     again = sweeper.run("run", "--executor", "debug")
     assert again.ret == 1 and "nothing was run" not in again.output, again  # it ran again

@@ -338,6 +338,27 @@ def test_two_racing_drivers_keep_the_runs_dir_within_its_cap(sweeper):
 
 
 @on_cluster
+def test_cancel_of_one_cell_leaves_the_other_jobs_of_a_live_driver_alone(sweeper):
+    # SLURM jobs outlive their driver: cancelling one cell scancels its job, not the driver.
+    script_grid(sweeper, "one", "other = sk.cell(mem_gb=0.26)", steps=8, sleep=1.0)
+    driver = background(sweeper, "run", "--executor", "slurm")
+    try:
+        wait_for("both cells to run", lambda: all(
+            (sweeper.path / f"runs/one/{cell}/state.json").exists()
+            and state_of(sweeper, "one", cell)["state"] == "running" for cell in ("base", "other")))
+        cancelled = sweeper.run("cancel", "grids/one.py::base")
+        assert cancelled.ret == 0, cancelled
+        assert "stop    sweep run" not in cancelled.stdout
+        driver.wait(timeout=DEADLINE_S)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert state_of(sweeper, "one", "base")["state"] == "cancelled"
+    assert state_of(sweeper, "one", "other")["state"] == "completed"
+
+
+@on_cluster
 @pytest.mark.skipif(os.geteuid() != 0, reason="restarting slurmctld needs root")
 def test_status_recovers_after_the_controller_restarts(sweeper):
     script_grid(sweeper, "restart", "other = sk.cell(steps=5)", steps=6, sleep=2.0)
