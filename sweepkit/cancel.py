@@ -205,6 +205,12 @@ def cancel_command(session, specs) -> int:
     except sacct.SlurmUnavailable as error:
         raise UsageError(f"sweep cancel needs SLURM's sacct and scancel: {error}") from None
     if not cancelled:
+        orphans = [directory for directory in directories if st.is_locked(directory)]
+        if orphans:  # a driver killed with SIGKILL leaves its local cells running, unled
+            for directory in orphans:
+                console.print(f"still running with no live sweep run to stop: "
+                              f"{session.display_path(directory)} (its process: {st.lock_holder(directory)})", markup=False)
+            return ExitCode.CELLS_FAILED
         if not drivers:
             console.print(f"no running cell or SLURM job to cancel among {len(directories)} cell(s)", markup=False)
         return ExitCode.CELLS_FAILED if left_running else ExitCode.OK

@@ -74,8 +74,8 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
     state = st.read_state(directory)
     if st.is_locked(directory):
         if rerun:
-            raise PlanError(f"is running now ({_holder(directory)}); wait for it to end before --rerun")
-        return Plan(cell=cell, directory=directory, action=ATTACH, note=f"already running ({_holder(directory)})")
+            raise PlanError(f"is running now ({st.lock_holder(directory)}); wait for it to end before --rerun")
+        return Plan(cell=cell, directory=directory, action=ATTACH, note=f"already running ({st.lock_holder(directory)})")
     submission = state.submission if state is not None else None
     if (not rerun and queued is not None and state is not None and state.state in ("submitted", "running") and submission is not None
             and submission.job_id and queued(submission)):
@@ -113,13 +113,6 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
 def _profile(name: str | None) -> str:
     return f"--profile {name}" if name else "no profile"
 
-
-def _holder(directory: Path) -> str:
-    try:
-        host, pid = (directory / st.LOCK_FILE).read_text().split()
-        return f"pid {pid} on {host}"
-    except (OSError, ValueError):
-        return "lock held"
 
 
 def paths(directory: Path) -> dict[str, str]:

@@ -203,6 +203,15 @@ def is_locked(directory: Path) -> bool:
     return is_held(Path(directory) / LOCK_FILE)
 
 
+def lock_holder(directory: Path) -> str:
+    """Who holds a cell's lock, as its lock file says ("pid N on HOST")."""
+    try:
+        host, pid = (Path(directory) / LOCK_FILE).read_text().split()
+        return f"pid {pid} on {host}"
+    except (OSError, ValueError):
+        return "lock held"
+
+
 def is_held(lock: Path) -> bool:
     """True while some process holds the ``flock`` on the file ``lock``. Never creates it:
     a lock file its owner removed on release stays gone."""

@@ -112,3 +112,31 @@ def test_cancel_of_a_debug_run_stops_the_driver_not_only_its_current_cell(sweepe
     states = {cell: json.loads((sweeper.path / "runs" / "d" / cell / "state.json").read_text())["state"]
               for cell in ("base", "other")}
     assert states == {"base": "cancelled", "other": "cancelled"}
+
+
+def test_cancel_says_so_when_a_cell_runs_on_with_no_driver_to_stop(sweeper):
+    # A driver killed with SIGKILL leaves its local cell running (holding its lock).
+    sweeper.grid("k", """
+        import sweepkit as sk
+        target = sk.command("{python}", "-c", "import time; time.sleep(60)")
+        base = sk.base(lr=1.0)
+    """)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(sweeper.path), os.environ.get("PYTHONPATH", "")) if p)}
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run"], cwd=sweeper.path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    cell = sweeper.path / "runs" / "k" / "base"
+    deadline = time.monotonic() + 60
+    while not ((cell / "state.json").is_file() and json.loads((cell / "state.json").read_text())["state"] == "running"):
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    driver.kill()
+    driver.wait()
+    try:
+        cancelled = sweeper.run("cancel")
+        assert cancelled.ret == 1, cancelled
+        host, pid = (cell / ".lock").read_text().split()
+        assert f"still running with no live sweep run to stop: runs/k/base (its process: pid {pid} on {host})" \
+            in cancelled.stdout
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the orphaned job and its command
