@@ -64,7 +64,7 @@ import math
 import random
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -174,88 +174,86 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
             save(step)
         raise Stopped(signum, step, checkpointed=saved_step is not None)
 
-    try:
-        with StopRequest(stderr) as stop:
-            while step < total_steps:
-                if stop.signum is not None:
-                    stop_now(stop.signum)
-                step += 1
-                times = {}
-                step_started = time.perf_counter()
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-
-                # -- 1. prompts and rollouts ------------------------------------------------------
-                examples = sampler.next_batch()
-                prompts = [encode(e.prompt) for e in examples]
-                n = cfg.n_samples_per_prompt
-                with timed(times, "timing/generate"):
-                    completions = engine.generate(prompts, n=n, max_new_tokens=cfg.max_generate_length,
-                                                  temperature=cfg.temperature, top_p=cfg.top_p,
-                                                  seed=cfg.seed * 1_000_000 + step)
-                with timed(times, "timing/sync_weights"):  # the engine's sleep and wake count as weight sync
-                    engine.sleep()
-                texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-                samples_examples = [e for e in examples for _ in range(n)]  # group-contiguous, as generated
-                rewards = torch.tensor([task.reward(t, e) for t, e in zip(texts, samples_examples)])  # (B,)
-                batch = Rollout.build([p for p in prompts for _ in range(n)], completions, pad_id, device)
-
-                # -- 2. advantages, old / reference log-probs -------------------------------------
-                if cfg.advantage_estimator == "grpo":
-                    advantages = group_advantages(rewards, n, norm_by_std=cfg.grpo_norm_by_std)  # (B,)
-                else:
-                    advantages = rewards.clone()
-                batch.advantages = advantages.to(device)
-                with timed(times, "timing/ref"):
-                    batch.old_logprobs, entropy = score(model, batch, cfg, with_entropy=True)  # (B, R) each
-                    if reference is not None:
-                        batch.ref_logprobs, _ = score(reference, batch, cfg)
-                batch.rollout_logprobs = batch.engine_logprobs if engine.reports_logprobs else batch.old_logprobs
-
-                # -- 3. policy updates: mini-batches of whole groups, micro-batches accumulate ---
-                with timed(times, "timing/policy_train"):
-                    update_stats = update_policy(model, optimizer, scheduler, batch, cfg, stderr=stderr)
-
-                # -- 4. push the new weights to the rollout engine ------------------------------------
-                with timed(times, "timing/sync_weights"):
-                    engine.wake()
-                    engine.sync_weights(model)
-
-                # -- 5. metrics, eval, checkpoint ----------------------------------------------------
-                times["timing/step"] = time.perf_counter() - step_started
-                lengths = batch.response_mask.sum(dim=1).float()  # (B,)
-                tokens = int(lengths.sum().item())
-                last = {
-                    **times,
-                    "throughput/tokens_generated": tokens,
-                    "throughput/tokens_per_s": tokens / times["timing/step"],
-                    "reward/mean": rewards.mean().item(),
-                    "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-                    "policy/entropy": masked_mean(entropy, batch.response_mask).item(),
-                    **update_stats,
-                    "response_length/mean": lengths.mean().item(),
-                    "response_length/max": int(lengths.max().item()),
-                    "response/stop_frac": sum(c.finish_reason == "stop" for c in completions) / len(completions),
-                    "memory/peak_gb": peak_memory_gb(device),
-                    "data/epoch": sampler.epoch,
-                    "data/prompt_fingerprint": fingerprint(prompts),
-                }
-                logger.log("train", step, last)
-                del batch, entropy
-                free_memory(device)
-                if stop.signum is None and ((cfg.eval_interval and step % cfg.eval_interval == 0)
-                                            or step == total_steps):
-                    run_eval(step)
-                if (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
-                    save(step)
-                if progress is not None:
-                    progress.update(step, last)
-                if stop.signum is not None:
-                    stop_now(stop.signum)
-    finally:
+    with ExitStack() as closing:  # the logger and progress bar close however the loop ends
+        closing.callback(logger.close)
         if progress is not None:
-            progress.close()
-        logger.close()
+            closing.callback(progress.close)
+        stop = closing.enter_context(StopRequest(stderr))
+        while step < total_steps:
+            if stop.signum is not None:
+                stop_now(stop.signum)
+            step += 1
+            times = {}
+            step_started = time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+
+            # -- 1. prompts and rollouts ------------------------------------------------------
+            examples = sampler.next_batch()
+            prompts = [encode(e.prompt) for e in examples]
+            n = cfg.n_samples_per_prompt
+            with timed(times, "timing/generate"):
+                completions = engine.generate(prompts, n=n, max_new_tokens=cfg.max_generate_length,
+                                              temperature=cfg.temperature, top_p=cfg.top_p,
+                                              seed=cfg.seed * 1_000_000 + step)
+            with timed(times, "timing/sync_weights"):  # the engine's sleep and wake count as weight sync
+                engine.sleep()
+            texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            samples_examples = [e for e in examples for _ in range(n)]  # group-contiguous, as generated
+            rewards = torch.tensor([task.reward(t, e) for t, e in zip(texts, samples_examples)])  # (B,)
+            batch = Rollout.build([p for p in prompts for _ in range(n)], completions, pad_id, device)
+
+            # -- 2. advantages, old / reference log-probs -------------------------------------
+            if cfg.advantage_estimator == "grpo":
+                advantages = group_advantages(rewards, n, norm_by_std=cfg.grpo_norm_by_std)  # (B,)
+            else:
+                advantages = rewards.clone()
+            batch.advantages = advantages.to(device)
+            with timed(times, "timing/ref"):
+                batch.old_logprobs, entropy = score(model, batch, cfg, with_entropy=True)  # (B, R) each
+                if reference is not None:
+                    batch.ref_logprobs, _ = score(reference, batch, cfg)
+            batch.rollout_logprobs = batch.engine_logprobs if engine.reports_logprobs else batch.old_logprobs
+
+            # -- 3. policy updates: mini-batches of whole groups, micro-batches accumulate ---
+            with timed(times, "timing/policy_train"):
+                update_stats = update_policy(model, optimizer, scheduler, batch, cfg, stderr=stderr)
+
+            # -- 4. push the new weights to the rollout engine ------------------------------------
+            with timed(times, "timing/sync_weights"):
+                engine.wake()
+                engine.sync_weights(model)
+
+            # -- 5. metrics, eval, checkpoint ----------------------------------------------------
+            times["timing/step"] = time.perf_counter() - step_started
+            lengths = batch.response_mask.sum(dim=1).float()  # (B,)
+            tokens = int(lengths.sum().item())
+            last = {
+                **times,
+                "throughput/tokens_generated": tokens,
+                "throughput/tokens_per_s": tokens / times["timing/step"],
+                "reward/mean": rewards.mean().item(),
+                "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+                "policy/entropy": masked_mean(entropy, batch.response_mask).item(),
+                **update_stats,
+                "response_length/mean": lengths.mean().item(),
+                "response_length/max": int(lengths.max().item()),
+                "response/stop_frac": sum(c.finish_reason == "stop" for c in completions) / len(completions),
+                "memory/peak_gb": peak_memory_gb(device),
+                "data/epoch": sampler.epoch,
+                "data/prompt_fingerprint": fingerprint(prompts),
+            }
+            logger.log("train", step, last)
+            del batch, entropy
+            free_memory(device)
+            if stop.signum is None and ((cfg.eval_interval and step % cfg.eval_interval == 0) or step == total_steps):
+                run_eval(step)
+            if (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
+                save(step)
+            if progress is not None:
+                progress.update(step, last)
+            if stop.signum is not None:
+                stop_now(stop.signum)
     if cfg.export_final:
         checkpoint.export(ckpt_dir, model, tokenizer)
     return last
