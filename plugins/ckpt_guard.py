@@ -40,7 +40,6 @@ CLEAN_ENV = "CLEAN_CKPT"
 RESUME_KEYS = ("resume_mode", "trainer.resume_mode")
 FRESH_MODES = (None, "null")
 RESUME_MODES = ("latest", "from_path")
-#: SkyRL's pointer to the newest step; left behind it would point at a deleted step.
 
 
 class CheckpointGuardError(Exception):
@@ -83,12 +82,6 @@ def inside_root(path: Path, root: Path) -> Path:
     return resolved
 
 
-def deletable_entries(ckpt_dir: Path) -> list[Path]:
-    """The ``global_step_*`` entries, in step order, then the latest-step pointer: what the
-    plan counts as the cell's checkpoints there, and all a wipe deletes."""
-    return st.checkpoint_entries(ckpt_dir)
-
-
 def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
                  announce: Callable[[str], None] = print) -> list[Path]:
     """Delete a fresh run's old checkpoints in ``ckpt_dir``; return what was deleted.
@@ -100,7 +93,7 @@ def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
     if not is_fresh(resume_mode):
         return []
     resolved = inside_root(ckpt_dir, root)
-    entries = deletable_entries(resolved)
+    entries = st.checkpoint_entries(resolved)
     if not entries:
         return []
     names = ", ".join(entry.name for entry in entries)
@@ -206,13 +199,8 @@ def sweep_cell_ckpt_dir(cell, session):
     return ckpt_dir_of(cell, os.environ)
 
 
-def asked_fresh_start(session) -> bool:
-    """Only ``sweep run --rerun`` asks to start a cell with checkpoints over."""
-    return bool(getattr(session.options, "rerun", False))
-
-
 @hookimpl
-def sweep_prepare_cell_dir(cell, cell_dir, fresh, session):
+def sweep_prepare_cell_dir(cell, cell_dir, fresh, rerun, session):
     directory = ckpt_dir_of(cell, os.environ)
     if directory is None:
         return
@@ -223,13 +211,13 @@ def sweep_prepare_cell_dir(cell, cell_dir, fresh, session):
     # sweepkit's plan decides first: a planned resume never deletes, whatever the cell says;
     # a fresh plan deletes only on --rerun. Checkpoints that appeared after a plain run's
     # plan found none are kept: nobody asked to lose them.
-    if fresh and asked_fresh_start(session):
+    if rerun:
         # --rerun is the explicit fresh start the wipe waits for, whatever the cell's own
         # resume_mode (a 'latest' cell would otherwise go on from the steps --rerun promised
         # to delete, while sweepkit started its metrics over).
         guarded_wipe(directory, checkpoint_root(cell, os.environ), None,
                      clean=clean_enabled(cell, os.environ), announce=announce)
-    elif fresh and (kept := deletable_entries(directory)):
+    elif fresh and (kept := st.checkpoint_entries(directory)):
         announce(f"keeping {len(kept)} checkpoint entries in {directory} "
                  f"({', '.join(entry.name for entry in kept)}): only --rerun deletes them")
     directory.mkdir(parents=True, exist_ok=True)

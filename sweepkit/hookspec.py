@@ -183,10 +183,12 @@ def sweep_cell_ckpt_dir(cell: "Cell", session: "Session") -> "Path | None":
 
 
 @hookspec
-def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, session: "Session") -> None:
+def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, rerun: bool, session: "Session") -> None:
     """Called before a cell starts, with its directory created.
 
     :param fresh: True for a fresh run (empty checkpoint dir), False for a resume.
+    :param rerun: the user asked to start the cell over (``sweep run --rerun``): the only
+        case in which checkpoints it has are to be deleted.
     """
 
 

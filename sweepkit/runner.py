@@ -280,7 +280,8 @@ class Run:
                                f"{len(deleted)} checkpoint entr{'y' if len(deleted) == 1 else 'ies'} "
                                f"in {self.session.display_path(plan.directory / st.CKPT_DIR)}: {shown}")
         self.session.hook.sweep_prepare_cell_dir(cell=plan.cell, cell_dir=plan.directory,
-                                                 fresh=plan.action == pl.FRESH, session=self.session)
+                                                 fresh=plan.action == pl.FRESH, rerun=plan.rerun,
+                                                 session=self.session)
         return True
 
     def _attach(self, tracked: Tracked) -> None:

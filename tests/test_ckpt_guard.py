@@ -192,7 +192,7 @@ def test_a_fresh_plan_without_rerun_keeps_checkpoints_that_appeared_since(sweepe
     (cell,) = [cell for cell in collect(session, [str(sweeper.path / "grids")]).cells if cell.name == "base"]
     steps = make_steps(root / "g" / "base", 7)
     ckpt_guard.sweep_prepare_cell_dir(cell=cell, cell_dir=sweeper.path / "runs" / "g" / "base", fresh=True,
-                                      session=session)
+                                      rerun=False, session=session)
     assert steps[0].is_dir()
     assert "keeping 1 checkpoint entries" in capsys.readouterr().out
 
