@@ -127,34 +127,31 @@ class Driver:
     cells: tuple[Path, ...]
 
 
-UNFINISHED = ("pending", "submitted", "running")
+def _driver_of(state: st.CellState | None) -> Path | None:
+    """The lock of the driver that has a cell it has not finished."""
+    if state is None or not state.driver or state.state in st.FINISHED:
+        return None
+    return Path(state.driver)
 
 
 def live_drivers(runs_dir: Path, directories: list[Path]) -> list[Driver]:
     """The local drivers, alive now, that run any of these cells; with each, all the cells of
     the runs dir it has not finished (stopping it stops them all). A driver of SLURM jobs is
     left alone: its jobs outlive it and are cancelled one by one."""
-    def driver_of(directory: Path) -> Path | None:
-        state = st.read_state(directory)
-        return Path(state.driver) if state is not None and state.driver and state.state in UNFINISHED else None
-
-    def on_slurm(directory: Path) -> bool:
-        state = st.read_state(directory)
-        return state is not None and state.submission is not None and state.submission.executor == failures.SLURM
-
-    locks = {lock for directory in directories if (lock := driver_of(directory)) and st.is_held(lock)}
+    locks = {lock for directory in directories if (lock := _driver_of(st.read_state(directory))) and st.is_held(lock)}
     if not locks:
         return []
-    everything = st.find_cell_dirs(runs_dir, [])
+    states = {directory: st.read_state(directory) for directory in st.find_cell_dirs(runs_dir, [])}
     drivers = []
     for lock in sorted(locks):
         try:
             host, pid = lock.read_text().split()
         except (OSError, ValueError):
             continue  # released meanwhile
-        cells = tuple(directory for directory in everything if driver_of(directory) == lock)
-        if not any(map(on_slurm, cells)):
-            drivers.append(Driver(lock=lock, host=host, pid=int(pid), cells=cells))
+        cells = {directory: state for directory, state in states.items() if _driver_of(state) == lock}
+        if not any(state.submission is not None and state.submission.executor == failures.SLURM
+                   for state in cells.values()):
+            drivers.append(Driver(lock=lock, host=host, pid=int(pid), cells=tuple(cells)))
     return drivers
 
 
@@ -192,7 +189,7 @@ def cancel_command(session, specs) -> int:
     for driver in stopped:  # cells whose job ended before it could record so, or never started
         for cell in driver.cells:
             state = st.read_state(cell)
-            if state is not None and state.state in UNFINISHED and not st.is_locked(cell):
+            if state is not None and state.state not in st.FINISHED and not st.is_locked(cell):
                 mark_cancelled(Cancelled(directory=cell, token=None, job_ids=()))
     for driver in left_running:
         where = "on another machine: run sweep cancel there" if driver.host != socket.gethostname() \
@@ -208,8 +205,8 @@ def cancel_command(session, specs) -> int:
         orphans = [directory for directory in directories if st.is_locked(directory)]
         if orphans:  # a driver killed with SIGKILL leaves its local cells running, unled
             for directory in orphans:
-                console.print(f"still running with no live sweep run to stop: "
-                              f"{session.display_path(directory)} (its process: {st.lock_holder(directory)})", markup=False)
+                console.print(f"still running with no live sweep run to stop: {session.display_path(directory)} "
+                              f"(its process: {st.lock_holder(directory)})", markup=False)
             return ExitCode.CELLS_FAILED
         if not drivers:
             console.print(f"no running cell or SLURM job to cancel among {len(directories)} cell(s)", markup=False)

@@ -42,9 +42,8 @@ from sweepkit import state as st
 from sweepkit.executors import sacct
 from sweepkit.executors import sbatch as sb
 from sweepkit.job import CellJob, run_cell
-from sweepkit.plan import RESUME_KEY
+from sweepkit.plan import RESUME_ENV, RESUME_KEY
 
-RESUME_ENV = "SWEEP_RESUME"
 
 
 def chain_ids(state: st.CellState | None, token: str) -> list[str]:

@@ -68,10 +68,12 @@ def added_env(job: CellJob) -> dict[str, str]:
     return {**job.env, "PYTHONUNBUFFERED": "1"}
 
 
-def run_cell(job: CellJob, job_id: str | None = None) -> str:
+def run_cell(job: CellJob, job_id: str | None = None, *, reraise_interrupt: bool = False) -> str:
     """Run one cell to its end and return its final state (``completed``, ``failed``,
     ``cancelled``), or ``superseded`` when a later submission took the cell over before
-    this job got the lock."""
+    this job got the lock. With ``reraise_interrupt``, a KeyboardInterrupt that cancelled
+    the cell is raised again once the cell's end is recorded (the caller was interrupted
+    too)."""
     directory = Path(job.cell_dir)
     lock = st.CellLock(directory)
     lock.acquire(blocking=True)
@@ -79,8 +81,10 @@ def run_cell(job: CellJob, job_id: str | None = None) -> str:
         attempt = _start_attempt(job, directory, job_id or current_job_id())
         if attempt is None:
             return "superseded"
-        returncode, failure, final = _run_child(job, directory, lock.fd)
+        returncode, failure, final, interruption = _run_child(job, directory, lock.fd)
         _finish_attempt(directory, attempt.n, returncode, failure, final)
+        if reraise_interrupt and isinstance(interruption, KeyboardInterrupt):
+            raise interruption
         return final
     finally:
         lock.release()
@@ -109,7 +113,8 @@ def _start_attempt(job: CellJob, directory: Path, job_id: str | None) -> st.Atte
     return started[0] if started else None
 
 
-def _run_child(job: CellJob, directory: Path, lock_fd: int) -> tuple[int | None, str | None, str]:
+def _run_child(job: CellJob, directory: Path, lock_fd: int):
+    """(returncode, failure, final state, the interruption that ended it or None)."""
     # A resumed run keeps the earlier output, so metrics read from stdout stay continuous.
     mode = "a" if job.resume else "w"
     env = {**os.environ, **added_env(job)}
@@ -128,10 +133,11 @@ def _run_child(job: CellJob, directory: Path, lock_fd: int) -> tuple[int | None,
             returncode = child.wait()
         except BaseException as interruption:  # KeyboardInterrupt, submitit's timeout, SystemExit
             _terminate(child)
-            return child.returncode, f"interrupted: {type(interruption).__name__} {interruption}".strip(), "cancelled"
+            failure = f"interrupted: {type(interruption).__name__} {interruption}".strip()
+            return child.returncode, failure, "cancelled", interruption
     if returncode == 0:
-        return 0, None, "completed"
-    return returncode, _describe_failure(returncode, directory / st.STDERR_FILE), "failed"
+        return 0, None, "completed", None
+    return returncode, _describe_failure(returncode, directory / st.STDERR_FILE), "failed", None
 
 
 def _terminate(child: subprocess.Popen) -> None:

@@ -41,6 +41,7 @@ FRESH, RESUME, SKIP, ATTACH = "fresh", "resume", "skip", "attach"
 
 # A target whose schema has this key gets "latest" on a resume and None on a fresh run.
 RESUME_KEY = "resume_mode"
+RESUME_ENV = "SWEEP_RESUME"  # "1" in a cell's environment when it is to continue from its checkpoint
 
 
 @attrs.frozen(kw_only=True)
@@ -73,12 +74,13 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
     directory = st.cell_dir(runs_dir, cell)
     state = st.read_state(directory)
     if st.is_locked(directory):
+        holder = st.lock_holder(directory)
         if rerun:
-            raise PlanError(f"is running now ({st.lock_holder(directory)}); wait for it to end before --rerun")
-        return Plan(cell=cell, directory=directory, action=ATTACH, note=f"already running ({st.lock_holder(directory)})")
+            raise PlanError(f"is running now ({holder}); wait for it to end before --rerun")
+        return Plan(cell=cell, directory=directory, action=ATTACH, note=f"already running ({holder})")
     submission = state.submission if state is not None else None
-    if (not rerun and queued is not None and state is not None and state.state in ("submitted", "running") and submission is not None
-            and submission.job_id and queued(submission)):
+    if (not rerun and queued is not None and submission is not None and submission.job_id
+            and state.state in ("submitted", "running") and queued(submission)):
         return Plan(cell=cell, directory=directory, action=ATTACH,
                     note=f"queued as {submission.executor} job {submission.job_id}")
     changed = state is not None and state.config_hash != cell.config_hash()
@@ -147,10 +149,10 @@ def cell_env(cell, directory: Path, resume: bool, hook_env: list[dict]) -> dict[
         "SWEEP_CONFIG": where["config"],
         "SWEEP_CKPT_DIR": where["ckpt_dir"],
         "SWEEP_METRICS": where["metrics"],
-        "SWEEP_RESUME": "1" if resume else "0",
+        RESUME_ENV: "1" if resume else "0",
     })
-    places = cell.target.places if cell.target is not None else {}
-    env.update({f"SWEEP_{key.upper()}": value for key, value in places.items()})  # SWEEP_ROOT, SWEEP_GRID_DIR
+    # SWEEP_ROOT, SWEEP_GRID_DIR
+    env.update({f"SWEEP_{key.upper()}": value for key, value in cell.target.places.items()})
     return env
 
 
@@ -166,11 +168,12 @@ def make_job(plan: Plan, executor: str, session) -> CellJob:
     resume = plan.action == RESUME
     cell = plan.cell
     command = cell.target.render_argv(**paths(plan.directory))
+    resume_args = cell_args(cell, True, session)
     return CellJob(
         nodeid=cell.nodeid,
         cell_dir=str(plan.directory),
-        argv=command + cell_args(cell, resume, session),
-        resume_argv=command + cell_args(cell, True, session),
+        argv=command + (resume_args if resume else cell_args(cell, False, session)),
+        resume_argv=command + resume_args,
         env=cell_env(cell, plan.directory, resume, session.hook.sweep_cell_env(cell=cell, session=session)),
         gpus=int(cell.launch().get("gpus") or 0),
         resume=resume,
@@ -196,7 +199,7 @@ def write_cell_files(plan: Plan) -> list[Path]:
     return deleted
 
 
-def mark_pending(plan: Plan, driver: Path | None = None) -> bool:
+def mark_pending(plan: Plan, driver: Path) -> bool:
     """Record that this driver (holding the lock file ``driver``) will run the cell; False
     when a job took its lock meanwhile."""
     cell = plan.cell
@@ -209,7 +212,7 @@ def mark_pending(plan: Plan, driver: Path | None = None) -> bool:
         return st.CellState(
             nodeid=cell.nodeid, state="pending", config_hash=cell.config_hash(), profile=cell.profile,
             attempts=state.attempts if state else (), submission=None,
-            driver=str(driver) if driver is not None else None,
+            driver=str(driver),
         )
 
     st.update_state(plan.directory, change)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
-from sweepkit import state as st
 from sweepkit.executors.base import DONE, Executor, Handle
 from sweepkit.hookspec import hookimpl
 from sweepkit.job import CellJob, run_cell
@@ -36,11 +34,10 @@ class DebugExecutor(Executor):
         for job in jobs:
             self._count += 1
             job_id = f"debug-{os.getpid()}-{self._count}"
-            final = run_cell(job, job_id=job_id)  # blocks: this executor's whole point
             handles.append(Handle(executor=self.name, job_id=job_id, cell=job))
-            if final == "cancelled" and _interrupted(job):
-                # run_cell stopped the cell and recorded it; the interrupt was the driver's too.
-                raise KeyboardInterrupt
+            # Blocks: this executor's whole point. An interrupt stops the cell, is recorded,
+            # and then stops the driver too.
+            run_cell(job, job_id=job_id, reraise_interrupt=True)
         return handles
 
     def poll(self, handle: Handle) -> str:
@@ -48,12 +45,6 @@ class DebugExecutor(Executor):
 
     def cancel(self, handle: Handle) -> None:
         """Nothing to cancel: a debug job has ended by the time its handle exists."""
-
-
-def _interrupted(job: CellJob) -> bool:
-    state = st.read_state(Path(job.cell_dir))
-    attempt = state.last_attempt if state is not None else None
-    return bool(attempt and attempt.failure and attempt.failure.startswith("interrupted: KeyboardInterrupt"))
 
 
 @hookimpl

@@ -314,14 +314,15 @@ class SlurmExecutor(Executor):
         pending = [job for job in pending if job.token in self._requests]
         if not pending:
             return []
-        units = units_of(pending, self._requests)
         if self.cap is None:
+            units = units_of(pending, self._requests)
             for unit in units:
                 self._parallelism[self._unit_key(unit)] = None
             return [job for unit in units for job in unit.jobs]
         if time.time() - self._cap_checked < CAP_RECHECK_S:
-            return []
+            return []  # the driver polls every 0.2 s; the queue is counted far less often
         self._cap_checked = time.time()
+        units = units_of(pending, self._requests)
         self.registry.acquire()
         try:
             free = self.cap - self.registry.slots_used()
