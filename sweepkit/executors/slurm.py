@@ -448,12 +448,16 @@ class SlurmExecutor(Executor):
             return DONE
         if handle.cell is not None and len(ids) > 1:
             state = st.read_state(Path(handle.cell.cell_dir))
-            waiting = [job_id for job_id, record in zip(ids, records)
-                       if job_id in unfinished and (record is None or record.state == "PENDING")]
-            if state is not None and state.state == "completed" and waiting:
-                # Links the finished link could not cancel (they were not recorded yet);
-                # the link that finished is left to exit on its own.
-                sacct.cancel(waiting)
+            if state is not None and state.state == "completed" and state.last_attempt is not None:
+                # Links the finished link could not cancel (they were not recorded yet). Only
+                # those after it: the link that finished is left to exit on its own, even
+                # while sacct does not know it yet.
+                ran = state.last_attempt.job_id
+                after = ids[ids.index(ran) + 1:] if ran in ids else []
+                waiting = [job_id for job_id, record in zip(ids, records) if job_id in after
+                           and job_id in unfinished and (record is None or record.state == "PENDING")]
+                if waiting:
+                    sacct.cancel(waiting)
         running = any(record is not None and record.state == "RUNNING" for record in records)
         return RUNNING if running else QUEUED
 
