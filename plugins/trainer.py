@@ -15,6 +15,19 @@ every cell stays distinct:
   (:data:`BATCH_DIVISOR`) with their ratio kept, so ``tbs64`` … ``tbs512`` stay
   distinct and ``train_batch_size % policy_mini_batch_size == 0`` still holds;
 * a small eval (:data:`SMOKE_EVAL_LIMIT` prompts, 2 samples each), no final export.
+
+The ``gpu`` profile runs a grid's cells on one GPU of a machine that has the trainer's
+dependencies but no hub access (a benchmark machine, a cluster's GPU node):
+
+* a hub model becomes a random-init model of the Qwen2.5-0.5B shape (a whole grid
+  then runs in minutes on one GPU, and its relative numbers are what it is for);
+  a local model path is kept;
+* ``device="cuda"``, the static in-process engine (``backend="static"``; vLLM cells
+  become static cells, their ``enforce_eager`` kept, so the CUDA-graph cell stays a
+  lever), ``num_gpus=1`` and ``gpus=1``;
+* batches divided by :data:`GPU_BATCH_DIVISOR` (one GPU's share of a 4-GPU node's
+  batch, ratios kept), :data:`GPU_STEPS` steps, the dataset as the smoke profile maps it,
+  no eval before training, a small final eval, no export.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from pathlib import Path
 
 from sweepkit import Target, hookimpl
 from trainer.config import ConfigError, TrainerConfig, check_type, schema
+from trainer.shapes import RANDOM_PREFIX, TINY_MODEL
 
 TRAINER_ARGV = ("{python}", "-m", "trainer", "{config}", "--ckpt-dir", "{ckpt_dir}",
                 "--metrics", "{metrics}")
@@ -34,6 +48,10 @@ SMOKE_GENERATE = 16
 SMOKE_PROMPT = 128
 SMOKE_EVAL_LIMIT = 8
 SMOKE_EVAL_SAMPLES = 2
+GPU_BATCH_DIVISOR = 4
+GPU_STEPS = 4
+GPU_EVAL_LIMIT = 32
+GPU_DEFAULT_SHAPE = "random:qwen2.5-0.5b"
 
 
 @hookimpl
@@ -45,6 +63,8 @@ def sweep_register_targets(register):
 def sweep_register_profiles(register):
     register("smoke", smoke, "shrink every trainer cell to run on a CPU in minutes (tiny model, "
                              "2 steps, short generations, batches / 16)")
+    register("gpu", gpu, f"run every trainer cell on one GPU offline (random-init model of the cell's "
+                         f"shape, static engine, batches / {GPU_BATCH_DIVISOR}, {GPU_STEPS} steps)")
 
 
 def smoke_dataset(dataset: str) -> str:
@@ -57,12 +77,40 @@ def smoke_dataset(dataset: str) -> str:
     return "synthetic"
 
 
-def _scaled_batches(config: dict, defaults: dict) -> dict:
+def _scaled_batches(config: dict, defaults: dict, divisor: int = BATCH_DIVISOR) -> dict:
     train = config.get("train_batch_size", defaults["train_batch_size"]["default"])
     mini = config.get("policy_mini_batch_size", defaults["policy_mini_batch_size"]["default"])
     ratio = max(train // mini, 1) if mini else 1
-    small_mini = max(mini // BATCH_DIVISOR, 1)
+    small_mini = max(mini // divisor, 1)
     return {"train_batch_size": small_mini * ratio, "policy_mini_batch_size": small_mini}
+
+
+def gpu_model(model: str) -> str:
+    """A local path or a model built locally is kept; a hub name becomes the 0.5B random shape."""
+    if model.startswith(RANDOM_PREFIX) or model == TINY_MODEL or Path(model).exists():
+        return model
+    return GPU_DEFAULT_SHAPE
+
+
+def gpu(config: dict, target_name: str) -> dict:
+    """The gpu profile's changes for one trainer cell (see the module docstring)."""
+    if target_name != "trainer":
+        return {}
+    fields = schema()
+    changes = {
+        "model": gpu_model(config.get("model", fields["model"]["default"])),
+        "dataset": smoke_dataset(config.get("dataset", fields["dataset"]["default"])),
+        "device": "cuda",
+        "backend": "static",
+        "num_gpus": 1,
+        "gpus": 1,
+        "max_steps": GPU_STEPS,
+        "eval_before_train": False,
+        "eval_limit": min(config.get("eval_limit") or GPU_EVAL_LIMIT, GPU_EVAL_LIMIT),
+        "export_final": False,
+        **_scaled_batches(config, fields, GPU_BATCH_DIVISOR),
+    }
+    return {k: v for k, v in changes.items() if config.get(k, fields.get(k, {}).get("default")) != v}
 
 
 def smoke(config: dict, target_name: str) -> dict:

@@ -298,7 +298,7 @@ def test_inert_knobs_name_what_the_run_ignores():
     from trainer.loop import inert_knobs
 
     cpu = torch.device("cpu")
-    synthetic = inert_knobs(TrainerConfig(use_tis=True, tis_imp_ratio_cap=3.0), cpu)
+    synthetic = inert_knobs(TrainerConfig(backend="hf", use_tis=True, tis_imp_ratio_cap=3.0), cpu)
     assert synthetic["use_tis"]["value"] is True and synthetic["use_tis"]["changed"] is True
     assert "samples with the policy itself" in synthetic["tis_imp_ratio_cap"]["reason"]
     assert {"train_split", "eval_split"} <= synthetic.keys() and "synthetic_size" not in synthetic
@@ -306,34 +306,47 @@ def test_inert_knobs_name_what_the_run_ignores():
     assert gsm8k["synthetic_size"] == {"value": 64, "default": 512, "changed": True,
                                        "reason": "dataset is '/data/gsm8k', not 'synthetic'"}
     assert "train_split" not in gsm8k and "eval_split" not in gsm8k
-    vllm = inert_knobs(TrainerConfig(backend="vllm", use_tis=True), cpu)
-    assert "use_tis" not in vllm and "tis_imp_ratio_cap" not in vllm
-    assert "tis_imp_ratio_cap" in inert_knobs(TrainerConfig(backend="vllm"), cpu)
+    # The static engine reports the log-probs it samples with: TIS is live under it.
+    static = inert_knobs(TrainerConfig(backend="static", use_tis=True), cpu)
+    assert "use_tis" not in static and "tis_imp_ratio_cap" not in static
+    assert "tis_imp_ratio_cap" in inert_knobs(TrainerConfig(backend="static"), cpu)
+    assert static["enforce_eager"]["reason"].startswith("CUDA graphs need a CUDA device")
+    # One update per step: no separate old-log-prob forward, so its micro-batch size does nothing.
+    assert "micro_forward_batch_size_per_gpu" in static
+    assert "micro_forward_batch_size_per_gpu" not in inert_knobs(
+        TrainerConfig(train_batch_size=64, policy_mini_batch_size=32), cpu)
+
+
+def old_logprobs_of(model, batch, cfg):
+    from trainer.forward import PolicyScorer
+    from trainer.precision import Precision
+
+    scorer = PolicyScorer(model, temperature=cfg.temperature, micro_batch_size=cfg.micro_forward_batch_size_per_gpu,
+                          precision=Precision(torch.device("cpu"), torch.float32))
+    return scorer.score(batch)
 
 
 def rollout_for(model, tokenizer, cfg):
-    from trainer.loop import Rollout, score
-    from trainer.rollout.hf import HFEngine
+    from trainer.batch import Batch
     from trainer.losses import group_advantages
+    from trainer.rollout import SamplingParams
+    from trainer.rollout.hf import HFEngine
 
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("1 2 3 4", "0 0", "4 3 2")]
-    completions = HFEngine(model, tokenizer, device="cpu").generate(
-        prompts, n=cfg.n_samples_per_prompt, max_new_tokens=cfg.max_generate_length, temperature=1.0,
-        top_p=1.0, seed=5)
-    batch = Rollout.build([p for p in prompts for _ in range(cfg.n_samples_per_prompt)], completions,
-                          tokenizer.pad_token_id, "cpu")
-    rewards = torch.arange(len(completions), dtype=torch.float32) % 3
-    batch.advantages = group_advantages(rewards, cfg.n_samples_per_prompt)
-    batch.old_logprobs, _ = score(model, batch, cfg)
-    batch.ref_logprobs = batch.old_logprobs - 0.1
-    batch.rollout_logprobs = batch.old_logprobs
-    return batch
+    n = cfg.n_samples_per_prompt
+    generation = HFEngine(model, tokenizer, device="cpu").generate(
+        prompts, SamplingParams(n=n, max_new_tokens=cfg.max_generate_length, seed=5))
+    batch = Batch.from_generation(prompts, generation, n=n, pad_id=tokenizer.pad_token_id, device="cpu")
+    rewards = torch.arange(batch.size, dtype=torch.float32) % 3
+    old = old_logprobs_of(model, batch, cfg)
+    return attrs.evolve(batch, advantages=group_advantages(rewards, n), old_logprobs=old,
+                        ref_logprobs=old - 0.1, rollout_logprobs=old)
 
 
 @pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_gradient_accumulation_equals_one_big_micro_batch(reduction):
     from trainer.config import TrainerConfig
-    from trainer.loop import update_policy
+    from trainer.update import update_policy
     from trainer.models import load_model_and_tokenizer
 
     torch.set_num_threads(1)
@@ -360,7 +373,7 @@ def test_gradient_accumulation_equals_one_big_micro_batch(reduction):
 def reference_gradient(model, batch, cfg):
     """The gradient of the whole step's loss written out directly (token_mean, PPO clip,
     k3 KL to the reference, entropy bonus), with the model's own logits."""
-    from trainer.loop import response_logits
+    from trainer.forward import response_logits
 
     model.zero_grad(set_to_none=True)
     mask = batch.response_mask
@@ -388,7 +401,7 @@ def reference_gradient(model, batch, cfg):
 @pytest.mark.parametrize("max_grad_norm", [1e3, 1e-3])
 def test_an_update_steps_along_the_full_loss_gradient_clipped_to_max_grad_norm(max_grad_norm):
     from trainer.config import TrainerConfig
-    from trainer.loop import update_policy
+    from trainer.update import update_policy
     from trainer.models import load_model_and_tokenizer
 
     torch.set_num_threads(1)
@@ -419,10 +432,11 @@ def test_an_update_steps_along_the_full_loss_gradient_clipped_to_max_grad_norm(m
 
 
 def test_tis_weights_come_from_the_engine_logprobs_and_are_capped():
+    from trainer.batch import Batch
     from trainer.config import TrainerConfig
-    from trainer.loop import Rollout, update_policy
     from trainer.models import load_model_and_tokenizer
-    from trainer.rollout import Completion
+    from trainer.rollout import Generation
+    from trainer.update import update_policy
 
     torch.set_num_threads(1)
     cfg = TrainerConfig(train_batch_size=3, policy_mini_batch_size=3, n_samples_per_prompt=4, max_generate_length=6,
@@ -433,14 +447,13 @@ def test_tis_weights_come_from_the_engine_logprobs_and_are_capped():
     # token is pi_old's minus 0.5 in the first half of the rows and minus 2 in the rest.
     shift = torch.where(torch.arange(12) < 6, 0.5, 2.0)[:, None]
     engine_lp = (sampled.old_logprobs - shift) * sampled.response_mask
-    completions = [
-        Completion(token_ids=ids[: int(n)].tolist(), logprobs=tuple(lp[: int(n)].tolist()), finish_reason="length")
-        for ids, lp, n in zip(sampled.response_ids, engine_lp, sampled.response_mask.sum(1))]
-    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.prompt_ids, sampled.prompt_mask)]
-    batch = Rollout.build(prompts, completions, tokenizer.pad_token_id, "cpu")
-    assert torch.allclose(batch.engine_logprobs, engine_lp)
-    batch.advantages, batch.old_logprobs = sampled.advantages, sampled.old_logprobs
-    batch.rollout_logprobs = batch.engine_logprobs
+    generation = Generation(response_ids=sampled.response_ids, response_mask=sampled.response_mask,
+                            stopped=torch.zeros(12, dtype=torch.bool), logprobs=engine_lp)
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.prompt_ids[::4], sampled.prompt_mask[::4])]
+    batch = Batch.from_generation(prompts, generation, n=4, pad_id=tokenizer.pad_token_id, device="cpu")
+    assert torch.equal(batch.prompt_ids, sampled.prompt_ids)
+    batch = attrs.evolve(batch, advantages=sampled.advantages, old_logprobs=sampled.old_logprobs,
+                         rollout_logprobs=batch.engine_logprobs)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     stats = update_policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0), batch, cfg)
@@ -455,24 +468,24 @@ def test_tis_weights_come_from_the_engine_logprobs_and_are_capped():
 
 def left_padded_rollout(tokenizer, device, *, prompt_lengths, response_length, advantages):
     """Random byte prompts of the given lengths (so left-padded) with full-length responses."""
-    from trainer.loop import Rollout
-    from trainer.rollout import Completion
+    from trainer.batch import Batch
+    from trainer.rollout import Generation
 
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in prompt_lengths]
-    completions = [Completion(token_ids=torch.randint(0, 256, (response_length,), generator=generator).tolist(),
-                              finish_reason="length") for _ in prompt_lengths]
-    batch = Rollout.build(prompts, completions, tokenizer.pad_token_id, device)
-    batch.advantages = torch.as_tensor(advantages, dtype=torch.float32, device=device)
-    return batch
+    responses = [torch.randint(0, 256, (response_length,), generator=generator).tolist() for _ in prompt_lengths]
+    generation = Generation.from_rows(responses, stopped=[False] * len(responses), pad_id=tokenizer.pad_token_id,
+                                      device=device)
+    batch = Batch.from_generation(prompts, generation, n=1, pad_id=tokenizer.pad_token_id, device=device)
+    return attrs.evolve(batch, advantages=torch.as_tensor(advantages, dtype=torch.float32, device=device))
 
 
 def updated(cfg, batch, model, **kwargs):
     """update_policy on batch with AdamW; (new parameters, metrics)."""
-    from trainer.loop import score, update_policy
+    from trainer.update import update_policy
 
-    batch.old_logprobs, _ = score(model, batch, cfg)
-    batch.rollout_logprobs = batch.old_logprobs
+    old = old_logprobs_of(model, batch, cfg)
+    batch = attrs.evolve(batch, old_logprobs=old, rollout_logprobs=old)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, **kwargs)
@@ -512,7 +525,7 @@ def test_training_attention_gives_every_padded_query_a_key(monkeypatch):
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_self_attending_padding_leaves_real_token_logits_unchanged(implementation):
     from trainer.config import TrainerConfig
-    from trainer.loop import response_logits
+    from trainer.forward import response_logits
     from trainer.models import load_model_and_tokenizer
 
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Rollout engines: the HF engine's sampling contract, and vLLM's clear absence."""
+"""Rollout engines: the registry, the HF engine's sampling contract, and vLLM's clear absence."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import torch
 
 from trainer.config import TrainerConfig
 from trainer.models import load_model_and_tokenizer
-from trainer.rollout import BackendUnavailable, Completion, make_engine, require_backend
-from trainer.rollout.hf import HFEngine, left_pad
+from trainer.batch import left_pad
+from trainer.config import BACKENDS
+from trainer.rollout import ENGINES, BackendUnavailable, Generation, SamplingParams, make_engine, require_backend
+from trainer.rollout.hf import HFEngine
 
 NEAR_GREEDY = 1e-4  # temperature at which sampling is the argmax for any realistic logit gap
 
@@ -29,22 +31,24 @@ def prompts_of(tokenizer, *texts):
 
 def sample(engine, prompts, **overrides):
     args = dict(n=3, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=0) | overrides
-    return engine.generate(prompts, **args)
+    return engine.generate(prompts, SamplingParams(**args)).token_lists()
 
 
 def test_group_contiguous_completions_end_at_the_first_stop(policy):
     model, tokenizer = policy
     engine = HFEngine(model, tokenizer, device="cpu")
-    out = sample(engine, prompts_of(tokenizer, "1 2 3 4", "0 0", "4 3 2 1 0 1"), n=5, max_new_tokens=7)
+    out = engine.generate(prompts_of(tokenizer, "1 2 3 4", "0 0", "4 3 2 1 0 1"),
+                          SamplingParams(n=5, max_new_tokens=7, seed=0))
     assert len(out) == 15
+    assert out.logprobs is None and not engine.reports_logprobs
     eos = tokenizer.eos_token_id
-    for c in out:
-        assert 1 <= len(c.token_ids) <= 7
-        assert c.logprobs is None and not engine.reports_logprobs
-        assert eos not in c.token_ids[:-1]  # nothing after a stop
-        assert (c.finish_reason == "stop") == (c.token_ids[-1] == eos)
-        assert c.finish_reason == "stop" or len(c.token_ids) == 7
-    assert {c.finish_reason for c in out} == {"stop", "length"}  # both happen at this size
+    for tokens, stopped, ids in zip(out.token_lists(), out.stopped.tolist(), out.response_ids):
+        assert 1 <= len(tokens) <= 7
+        assert eos not in tokens[:-1]  # nothing after a stop
+        assert stopped == (tokens[-1] == eos)
+        assert stopped or len(tokens) == 7
+        assert (ids[len(tokens):] == tokenizer.pad_token_id).all()
+    assert set(out.stopped.tolist()) == {True, False}  # both happen at this size
 
 
 def test_same_seed_same_samples_and_the_global_rng_untouched(policy):
@@ -76,13 +80,13 @@ def test_top_p_keeps_only_the_likeliest_tokens(policy):
     prompt = prompts_of(tokenizer, "2 2 2")
     narrow = sample(engine, prompt, n=12, max_new_tokens=1, top_p=1e-6)
     wide = sample(engine, prompt, n=12, max_new_tokens=1)
-    assert len({c.token_ids for c in narrow}) == 1
-    assert len({c.token_ids for c in wide}) > 1
+    assert len({tuple(c) for c in narrow}) == 1
+    assert len({tuple(c) for c in wide}) > 1
 
 
 def test_sync_weights_accepts_only_the_policy_it_samples_from(policy):
     model, tokenizer = policy
-    engine = make_engine(TrainerConfig(backend="hf"), model=model, tokenizer=tokenizer, device="cpu")
+    engine = make_engine(TrainerConfig(backend="hf"), model=model, tokenizer=tokenizer, device="cpu", max_rows=8)
     engine.sync_weights(model)
     engine.sleep()
     engine.wake()
@@ -97,9 +101,21 @@ def test_left_pad_layout():
     assert mask.tolist() == [[0, 0, 1], [1, 1, 1]]
 
 
-def test_completion_rejects_an_unknown_finish_reason():
-    with pytest.raises(ValueError):
-        Completion(token_ids=[1], finish_reason="abort")
+def test_generations_from_rows_and_concatenated_keep_rows_and_padding():
+    one = Generation.from_rows([[5, 6, 7], [8]], stopped=[True, False], pad_id=0, device="cpu",
+                               logprobs=[[-1.0, -2.0, -3.0], [-0.5]])
+    two = Generation.from_rows([[9, 9, 9, 9, 9]], stopped=[False], pad_id=0, device="cpu", logprobs=[[-1.0] * 5])
+    both = Generation.concat([one, two], pad_id=0)
+    assert both.token_lists() == [[5, 6, 7], [8], [9, 9, 9, 9, 9]]
+    assert both.response_ids.tolist()[1] == [8, 0, 0, 0, 0]
+    assert both.stopped.tolist() == [True, False, False]
+    assert both.logprobs[1].tolist() == [-0.5, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_every_configurable_backend_is_registered():
+    assert set(BACKENDS) == set(ENGINES) | {"auto"}
+    with pytest.raises(ValueError, match="unknown rollout backend 'nope'"):
+        make_engine(TrainerConfig(), model=None, tokenizer=None, device="cpu", max_rows=1, backend="nope")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")

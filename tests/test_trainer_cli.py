@@ -94,7 +94,7 @@ def test_gsm8k_end_to_end_with_overrides_and_inert_knobs(tmp_path):
     assert info["config"]["max_steps"] == 1 and info["config"]["gpu_memory_utilization"] == 0.9
     assert info["inert_knobs"]["gpu_memory_utilization"] == {
         "value": 0.9, "default": 0.7, "changed": True,
-        "reason": "the HF engine generates with the policy model itself"}
+        "reason": "on the CPU the KV cache is sized for the run's largest batch"}
     assert info["inert_knobs"]["enforce_eager"]["changed"] is False
     assert json.loads((tmp_path / "ckpt" / "run_info.json").read_text())["inert_knobs"] == info["inert_knobs"]
     inert_lines = [line for line in result.stderr.splitlines() if "no effect in this run" in line]

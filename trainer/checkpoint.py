@@ -172,12 +172,26 @@ def load_reference(ckpt_dir: Path, model, device) -> bool:
     return True
 
 
-def export(ckpt_dir: Path, model, tokenizer) -> Path:
-    """``save_pretrained`` the policy and tokenizer to ``<ckpt-dir>/export``, replacing an older export."""
+def export(ckpt_dir: Path, model, tokenizer, *, dtype: Optional[torch.dtype] = None) -> Path:
+    """``save_pretrained`` the policy and tokenizer to ``<ckpt-dir>/export``, replacing an older export.
+
+    ``dtype`` is the dtype the export is written in (the run's compute dtype: bf16 for a
+    GPU run, as published checkpoints are), whatever the fp32 master weights are.
+    """
     final = ckpt_dir / "export"
     temp = ckpt_dir / f"{TEMP_PREFIX}export"
     shutil.rmtree(temp, ignore_errors=True)
-    model.save_pretrained(temp)
+    master = next(model.parameters()).dtype
+    if dtype is None or dtype == master:
+        model.save_pretrained(temp)
+    else:
+        state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+                 for name, tensor in model.state_dict().items()}
+        model.save_pretrained(temp, state_dict=state)
+        config = temp / "config.json"  # save_pretrained records the masters' dtype
+        written = json.loads(config.read_text())
+        written["dtype"] = str(dtype).removeprefix("torch.")
+        config.write_text(json.dumps(written, indent=2) + "\n")
     tokenizer.save_pretrained(temp)
     if final.exists():
         doomed = ckpt_dir / f"{TEMP_PREFIX}old-export"

@@ -20,7 +20,7 @@ ADVANTAGE_ESTIMATORS = ("grpo", "no_op")
 POLICY_LOSS_TYPES = ("ppo", "importance_sampling")
 LOSS_REDUCTIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("auto", "static", "hf", "vllm")
 RESUME_MODES = (None, "latest")
 
 
@@ -38,6 +38,14 @@ def _positive(instance, attribute, value):
 def _non_negative(instance, attribute, value):
     if value < 0:
         raise ConfigError(f"{attribute.name}: must be >= 0, got {value!r}")
+
+
+def _at_least(lowest):
+    def check(instance, attribute, value):
+        if value < lowest:
+            raise ConfigError(f"{attribute.name}: must be >= {lowest}, got {value!r}")
+
+    return check
 
 
 def _below_one(instance, attribute, value):
@@ -142,22 +150,27 @@ class TrainerConfig:
     # -- sampling ----------------------------------------------------------------------
     temperature: float = attrs.field(default=1.0, validator=_positive, metadata=_doc("rollout temperature"))
     top_p: float = attrs.field(default=1.0, validator=_fraction, metadata=_doc("rollout nucleus sampling"))
+    top_k: int = attrs.field(default=-1, validator=_at_least(-1), metadata=_doc(
+        "rollout top-k sampling (-1 or 0: off)"))
     eval_temperature: float = attrs.field(default=0.6, validator=_positive, metadata=_doc(
         "sampling temperature for pass@k eval"))
     eval_n_samples_per_prompt: int = attrs.field(default=4, validator=_positive, metadata=_doc(
         "k of the pass@k eval"))
 
     # -- rollout engine and placement -------------------------------------------------
-    backend: str = attrs.field(default="hf", validator=_choice(BACKENDS), metadata=_doc(
-        "rollout engine: 'hf' (transformers generate) or 'vllm'"))
+    backend: str = attrs.field(default="auto", validator=_choice(BACKENDS), metadata=_doc(
+        "rollout engine: 'static' (in-process, static KV cache, CUDA graphs), 'hf' (transformers "
+        "generate), 'vllm', or 'auto' (static where it supports the model, else hf)"))
     device: str = attrs.field(default="auto", validator=_choice(("auto", "cpu", "cuda")), metadata=_doc(
         "'auto' takes cuda when available"))
     dtype: str = attrs.field(default="auto", validator=_choice(("auto", "float32", "bfloat16")),
-                             metadata=_doc("'auto': bfloat16 on cuda, float32 on cpu"))
+                             metadata=_doc("compute dtype ('auto': bfloat16 on cuda, float32 on cpu); "
+                                           "master weights and optimizer state are always float32"))
     gpu_memory_utilization: float = attrs.field(default=0.7, validator=_fraction, metadata=_doc(
-        "vLLM KV-cache share of GPU memory"))
+        "share of GPU memory the rollout engine may fill (its weights and KV cache), counting what "
+        "is in use when it starts"))
     enforce_eager: bool = attrs.field(default=True, metadata=_doc(
-        "False lets the engine capture CUDA graphs"))
+        "False lets the engine capture its decode steps in CUDA graphs"))
     colocate_all: bool = attrs.field(default=True, metadata=_doc(
         "policy and rollout engines share the GPUs (engines sleep during training)"))
     num_inference_engines: int = attrs.field(default=1, validator=_positive, metadata=_doc(

@@ -23,7 +23,7 @@ import dataclasses
 import os
 import tempfile
 
-from trainer.rollout import BackendUnavailable, Completion, RolloutEngine
+from trainer.rollout import BackendUnavailable, Generation, RolloutEngine, SamplingParams
 
 try:
     import vllm
@@ -41,12 +41,13 @@ def _load_weights_on_worker(worker, named_tensors):
 class VLLMEngine(RolloutEngine):
     reports_logprobs = True
 
-    def __init__(self, llm):
-        self.llm = llm
-        self.asleep = False
+    @classmethod
+    def inert_knobs(cls, cfg) -> dict[str, str]:
+        return dict.fromkeys(("num_inference_engines", "colocate_all"),
+                             "this trainer runs one vLLM engine, colocated with the policy")
 
     @classmethod
-    def from_config(cls, cfg, *, model, tokenizer) -> "VLLMEngine":
+    def from_config(cls, cfg, *, model, tokenizer, device, max_rows) -> "VLLMEngine":
         # vLLM loads from a directory; the policy may be built in memory (tiny-random,
         # random:<shape>), so hand it the policy's own weights and tokenizer.
         staging = tempfile.mkdtemp(prefix="vllm-policy-")
@@ -72,25 +73,32 @@ class VLLMEngine(RolloutEngine):
             max_model_len=cfg.max_prompt_length + cfg.max_generate_length,
             **extra,
         )
-        return cls(llm)
+        return cls(llm, device=device, pad_id=tokenizer.pad_token_id)
 
-    def generate(self, prompts, *, n, max_new_tokens, temperature, top_p, seed):
-        params = vllm.SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed, logprobs=0,
+    def __init__(self, llm, *, device, pad_id):
+        self.llm = llm
+        self.asleep = False
+        self.device = device
+        self.pad_id = pad_id
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Importing this module already raised BackendUnavailable if vLLM is missing."""
+
+    def generate(self, prompts, params: SamplingParams) -> Generation:
+        sampling = vllm.SamplingParams(
+            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0,
         )
         requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
-        completions = []
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        rows, logprobs, stopped = [], [], []
         for output in outputs:  # vLLM returns requests in submission order
             for sample in output.outputs:
-                logprobs = tuple(
-                    position[token].logprob for token, position in zip(sample.token_ids, sample.logprobs)
-                )
-                completions.append(Completion(
-                    token_ids=sample.token_ids, logprobs=logprobs,
-                    finish_reason="stop" if sample.finish_reason == "stop" else "length",
-                ))
-        return completions
+                rows.append(list(sample.token_ids))
+                logprobs.append([position[token].logprob for token, position in zip(sample.token_ids, sample.logprobs)])
+                stopped.append(sample.finish_reason == "stop")
+        return Generation.from_rows(rows, stopped=stopped, pad_id=self.pad_id, device=self.device, logprobs=logprobs)
 
     def sync_weights(self, model) -> None:
         named = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
@@ -106,3 +114,6 @@ class VLLMEngine(RolloutEngine):
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+
+ENGINE = VLLMEngine

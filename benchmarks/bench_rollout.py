@@ -1,0 +1,183 @@
+"""Decode throughput of the rollout engines, side by side in one process.
+
+For each engine variant and batch size: the wall time of one ``generate`` call of
+``--batch`` rows x ``--new-tokens`` tokens after ``--prompt-length`` prompt tokens
+(prefill included, every row run to full length: a random model rarely samples its
+eos and the benchmark sets none), its tokens/s, and for graph-captured variants the
+time of one decode step alone (graph replays timed with CUDA events). Then the time of
+``sync_weights`` (fp32 policy -> the engine's bf16 buffers). On the H200::
+
+    python3 benchmarks/bench_rollout.py --model random:qwen2.5-0.5b --batch 128 256 512
+
+Variants: ``hf`` (transformers generate), ``static-eager`` (enforce_eager=True),
+``static-graph`` (CUDA graphs), ``static-compiled`` (torch.compile'd layer step inside
+the graphs). Only ratios within one run mean anything: host-bound code varies 2x
+between machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from trainer.config import TrainerConfig  # noqa: E402
+from trainer.models import load_model_and_tokenizer  # noqa: E402
+from trainer.rollout import SamplingParams  # noqa: E402
+from trainer.rollout.hf import HFEngine  # noqa: E402
+from trainer.rollout.static import StaticEngine  # noqa: E402
+
+VARIANTS = ("hf", "static-eager", "static-graph", "static-compiled")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-random")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8])
+    parser.add_argument("--prompt-length", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--hf-max-batch", type=int, default=128, help="skip hf above this batch (slow)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", help="also write every number to this file")
+    parser.add_argument("--profile", type=int, default=0, metavar="BATCH",
+                        help="profile eager decode steps at this batch and print the top kernels")
+    return parser.parse_args(argv)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make(variant, model, tokenizer, device, dtype, rows, columns):
+    if variant == "hf":
+        return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
+    return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
+                        memory_fraction=0.9, cuda_graphs=variant != "static-eager",
+                        compile_step=variant == "static-compiled")
+
+
+def step_ms(engine, rows, device):
+    """Median time of one captured decode step, from graph replays timed with CUDA events."""
+    graphs = [g for (bucket, _), g in engine.graphs.items() if bucket == engine._bucket(rows)]
+    if not graphs or device.type != "cuda":
+        return None
+    graph = graphs[0]
+    times = []
+    for _ in range(5):
+        # Replays advance the step state; start each round where a chunk's decode starts, so
+        # the positions and cache columns stay inside the cache.
+        engine.column.fill_(0)
+        engine.out_index.fill_(0)
+        engine.positions.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(end) / 20)
+    return sorted(times)[len(times) // 2]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = TrainerConfig(model=args.model, dataset="/nonexistent" if args.model != "tiny-random" else "synthetic")
+    model, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype=torch.float32)  # fp32 masters
+    model.generation_config.eos_token_id = None  # every row runs to full length
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    columns = args.prompt_length + args.new_tokens
+    results = []
+    print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
+          f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
+    for variant in args.variants:
+        for batch in args.batch:
+            if variant == "hf" and batch > args.hf_max_batch:
+                continue
+            prompts = torch.randint(min(300, vocab // 2), vocab, (batch, args.prompt_length), generator=generator).tolist()
+            params = SamplingParams(n=1, max_new_tokens=args.new_tokens, temperature=1.0, seed=1)
+            try:
+                built = time.perf_counter()
+                engine = make(variant, model, tokenizer, device, dtype, batch, columns)
+                engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
+                if variant != "hf":
+                    engine.stop_tensor = torch.tensor([-1], device=device)
+                warm = time.perf_counter()
+                engine.generate(prompts[: max(1, batch)], SamplingParams(n=1, max_new_tokens=8, seed=0))
+                sync(device)
+                setup_s = time.perf_counter() - built
+                del warm
+                started = time.perf_counter()
+                out = engine.generate(prompts, params)
+                sync(device)
+                seconds = time.perf_counter() - started
+                tokens = int(out.response_mask.sum().item())
+                row = {"variant": variant, "batch": batch, "seconds": seconds, "tokens": tokens,
+                       "tokens_per_s": tokens / seconds, "setup_s": setup_s,
+                       "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}
+                if variant != "hf":
+                    times = []
+                    for _ in range(10):
+                        sync(device)
+                        t0 = time.perf_counter()
+                        engine.sync_weights(model)
+                        sync(device)
+                        times.append(time.perf_counter() - t0)
+                    row["sync_ms"] = sorted(times)[5] * 1000
+                    row["kv_rows"] = engine.rows
+                if device.type == "cuda":
+                    row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+            except Exception as exc:  # one variant's failure must not lose the others' numbers
+                row = {"variant": variant, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            engine = out = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+    print(f"\n{'variant':<16}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
+    for row in results:
+        if "error" in row:
+            print(f"{row['variant']:<16}{row['batch']:>6}  error: {row['error'][:80]}")
+            continue
+        step = f"{row['step_ms']:.2f}" if row.get("step_ms") else "-"
+        syncs = f"{row['sync_ms']:.2f}" if row.get("sync_ms") is not None else "-"
+        print(f"{row['variant']:<16}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
+              f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.profile:
+        profile_decode(model, tokenizer, device, dtype, args.profile, columns)
+    return 0
+
+
+def profile_decode(model, tokenizer, device, dtype, batch, columns):
+    """Kernel time of eager decode steps, by kernel: where a step's time goes on the device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = make("static-eager", model, tokenizer, device, dtype, batch, columns)
+    prompts = [[7] * 16 for _ in range(batch)]
+    engine.generate(prompts, SamplingParams(n=1, max_new_tokens=4, seed=0))
+    mode = engine._mode(SamplingParams(n=1, max_new_tokens=1))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(5):
+            engine._decode_step(batch, mode)
+        sync(device)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""The static-KV-cache engine against HF generate, the model's own forward, and the softmax.
+
+Everything here runs eagerly on the CPU (CI); the ``gpu`` tests check what only a
+CUDA device has: captured decode graphs against eager steps, and bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.models import byte_tokenizer, load_model_and_tokenizer, random_model
+from trainer.rollout import BackendUnavailable, SamplingParams
+from trainer.rollout.hf import HFEngine
+from trainer.rollout.sampling import sample_tokens
+from trainer.rollout.static import CHECK_EVERY, StaticEngine
+
+QWEN3_TINY = dict(architecture="qwen3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, intermediate_size=128, tie_word_embeddings=False)
+LLAMA_TINY = dict(architecture="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=1, intermediate_size=128, tie_word_embeddings=False)
+
+
+def sharpen(model, scale=8.0):
+    """Random init gives near-uniform, repetitive greedy text; larger weights give varied text."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "llama"])
+def policy(request):
+    torch.set_num_threads(1)
+    if request.param == "qwen2":
+        model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device="cpu",
+                                                    dtype="float32")
+    else:
+        tokenizer = byte_tokenizer()
+        shape = QWEN3_TINY if request.param == "qwen3" else LLAMA_TINY
+        model = random_model(shape, tokenizer, seed=3, vocab_size=len(tokenizer))
+    return sharpen(model.eval()), tokenizer
+
+
+def prompts_of(tokenizer, *texts):
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def engine_for(model, tokenizer, **overrides):
+    args = dict(device="cpu", dtype=torch.float32, max_rows=64, max_columns=96) | overrides
+    return StaticEngine(model, tokenizer, **args)
+
+
+def test_greedy_completions_equal_hf_generate(policy):
+    model, tokenizer = policy
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7? Think.")
+    params = SamplingParams(n=2, max_new_tokens=24, temperature=0.0)
+    ours = engine_for(model, tokenizer).generate(prompts, params)
+    theirs = HFEngine(model, tokenizer, device="cpu").generate(prompts, params)
+    assert ours.token_lists() == theirs.token_lists()
+    assert len({tuple(row) for row in ours.token_lists()}) == 3  # distinct prompts, distinct text
+    assert all(len(set(row)) > 3 for row in ours.token_lists())  # not one token repeated
+    assert torch.equal(ours.stopped, theirs.stopped)
+
+
+def test_reported_logprobs_equal_the_models_forward(policy):
+    model, tokenizer = policy
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7?")
+    temperature = 0.7
+    out = engine_for(model, tokenizer).generate(
+        prompts, SamplingParams(n=3, max_new_tokens=16, temperature=temperature, seed=5))
+    rows = out.token_lists()
+    worst = 0.0
+    for row, (prompt, completion) in enumerate(zip([p for p in prompts for _ in range(3)], rows)):
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature
+        expected = torch.log_softmax(logits.double(), dim=-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+        got = out.logprobs[row, : len(completion)].double()
+        worst = max(worst, (got - expected).abs().max().item())
+        assert out.logprobs[row, len(completion):].abs().sum() == 0  # zero off the mask
+    assert worst < 1e-4  # fp32 on the CPU; the left padding of a short prompt changes nothing
+
+
+def chi_square_p_value(counts, probs):
+    """p-value of Pearson's chi-square statistic (df = categories - 1), from the regularised gamma."""
+    expected = probs * counts.sum()
+    keep = expected > 0
+    statistic = ((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0), statistic / 2.0))
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, None), (0.6, -1, None), (1.3, 3, None),
+                                                       (1.0, -1, 0.7), (0.8, 4, 0.9)])
+def test_sampled_frequencies_match_the_softmax(temperature, top_k, top_p):
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -1.0, 0.0, 0.7], dtype=torch.float64)
+    draws = 40_000
+    torch.manual_seed(0)
+    tokens, logprobs = sample_tokens(logits.expand(draws, -1), temperature=temperature, top_k=top_k, top_p=top_p)
+    scores = logits / temperature
+    allowed = torch.ones_like(scores, dtype=torch.bool)
+    if top_k > 0:
+        allowed &= scores >= scores.topk(top_k).values[-1]
+    if top_p is not None:
+        masked = scores.masked_fill(~allowed, float("-inf"))
+        probs = masked.softmax(-1)
+        order = probs.argsort(descending=True)
+        before = probs[order].cumsum(0) - probs[order]
+        keep = torch.zeros_like(allowed)
+        keep[order] = before < top_p
+        allowed &= keep
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    counts = torch.bincount(tokens, minlength=logits.numel()).double()
+    assert counts[~allowed].sum() == 0  # nothing outside top-k / the nucleus
+    assert chi_square_p_value(counts, probs) > 1e-3
+    # Each token's reported log-prob is its log-probability under that same distribution.
+    assert torch.allclose(logprobs.double(), probs.log()[tokens], atol=1e-5)
+
+
+def test_first_token_frequencies_match_the_models_softmax():
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3), device="cpu", dtype="float32")
+    sharpen(model, 3.0)
+    prompt = prompts_of(tokenizer, "1 2 3 0")
+    engine = engine_for(model, tokenizer, max_rows=4096)
+    out = engine.generate(prompt, SamplingParams(n=4000, max_new_tokens=1, temperature=0.9, seed=2))
+    with torch.no_grad():
+        probs = (model(input_ids=torch.tensor(prompt)).logits[0, -1].double() / 0.9).softmax(-1)
+    counts = torch.bincount(out.response_ids[:, 0], minlength=probs.numel()).double()
+    assert chi_square_p_value(counts, probs) > 1e-3
+
+
+def test_same_seed_same_completions_and_the_global_rng_untouched(policy):
+    model, tokenizer = policy
+    engine = engine_for(model, tokenizer)
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x")
+    params = SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=11)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first = engine.generate(prompts, params).token_lists()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert engine.generate(prompts, params).token_lists() == first
+    other = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=12))
+    assert other.token_lists() != first
+
+
+def test_rows_stop_at_their_first_eos_and_the_rest_run_to_the_limit():
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3), device="cpu", dtype="float32")
+    eos = tokenizer.eos_token_id
+    engine = engine_for(model, tokenizer)
+    out = engine.generate(prompts_of(tokenizer, "1 2 3 4", "0 0", "3 2 1 0 1"),
+                          SamplingParams(n=6, max_new_tokens=7, temperature=1.0, seed=0))
+    lengths = out.response_mask.sum(dim=1).long()
+    for row, tokens in enumerate(out.token_lists()):
+        assert 1 <= len(tokens) <= 7
+        assert eos not in tokens[:-1]  # nothing after a stop
+        assert bool(out.stopped[row]) == (tokens[-1] == eos)
+        assert out.stopped[row] or len(tokens) == 7
+        assert (out.response_ids[row, lengths[row]:] == tokenizer.pad_token_id).all()
+    assert set(out.stopped.tolist()) == {True, False}  # both happen at this size
+
+
+def test_a_batch_that_stops_early_ends_early(monkeypatch):
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3), device="cpu", dtype="float32")
+    engine = engine_for(model, tokenizer)
+    engine.stop_tensor = torch.arange(model.config.vocab_size)  # every token is a stop token
+    steps = []
+    original = engine._decode_step
+    monkeypatch.setattr(engine, "_decode_step", lambda *a: steps.append(1) or original(*a))
+    out = engine.generate(prompts_of(tokenizer, "1 2", "3"), SamplingParams(n=2, max_new_tokens=80))
+    assert out.stopped.all() and out.response_ids.shape == (4, 1)
+    assert len(steps) < CHECK_EVERY  # the done flags were read after a few steps, not 79
+
+
+def test_chunks_smaller_than_the_batch_give_the_same_completions(policy):
+    model, tokenizer = policy
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7?", "ok")
+    params = SamplingParams(n=3, max_new_tokens=10, temperature=0.0)
+    whole = engine_for(model, tokenizer).generate(prompts, params)
+    chunked = engine_for(model, tokenizer, max_rows=5)  # chunks cut through groups
+    assert chunked.rows == 5
+    assert chunked.generate(prompts, params).token_lists() == whole.token_lists()
+
+
+def test_sync_weights_copies_in_place_and_generation_follows(policy):
+    model, tokenizer = policy
+    engine = engine_for(model, tokenizer)
+    prompts = prompts_of(tokenizer, "Tom has 3 apples")
+    params = SamplingParams(n=1, max_new_tokens=8, temperature=0.0)
+    before = engine.generate(prompts, params).token_lists()
+    pointers = [dst.data_ptr() for dst, _ in engine._copies]
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * parameter.abs().mean())
+        engine.sync_weights(model)
+        assert [dst.data_ptr() for dst, _ in engine._copies] == pointers
+        after = engine.generate(prompts, params).token_lists()
+        assert after != before
+        assert after == HFEngine(model, tokenizer, device="cpu").generate(prompts, params).token_lists()
+    finally:
+        model.load_state_dict(saved)
+
+
+def test_prompts_longer_than_the_cache_are_refused(policy):
+    model, tokenizer = policy
+    engine = engine_for(model, tokenizer, max_columns=16)
+    assert engine.columns == 64  # rounded up to a multiple of 64
+    with pytest.raises(ValueError, match="exceeds the engine's 64 columns"):
+        engine.generate([[5] * 60], SamplingParams(n=1, max_new_tokens=8))
+
+
+def test_an_unsupported_architecture_is_refused_by_name():
+    tokenizer = byte_tokenizer()
+    model = random_model(dict(architecture="qwen2", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              num_key_value_heads=1, intermediate_size=64), tokenizer, seed=0,
+                         vocab_size=len(tokenizer))
+    model.config.model_type = "gpt_neox"
+    with pytest.raises(BackendUnavailable, match="not 'gpt_neox'.*backend='hf'"):
+        StaticEngine(model, tokenizer, device="cpu", dtype=torch.float32, max_rows=2, max_columns=8)
+
+
+# -- CUDA only ----------------------------------------------------------------------------
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def cuda_policy():
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device="cuda",
+                                                dtype="float32")
+    return sharpen(model.eval()), tokenizer
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_replays_equal_eager_steps(cuda_policy, dtype):
+    model, tokenizer = cuda_policy
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7? Think.")
+    args = dict(device="cuda", dtype=dtype, max_rows=64, max_columns=96)
+    eager = StaticEngine(model, tokenizer, cuda_graphs=False, **args)
+    graphs = StaticEngine(model, tokenizer, cuda_graphs=True, **args)
+    greedy = SamplingParams(n=2, max_new_tokens=40, temperature=0.0)
+    assert graphs.generate(prompts, greedy).token_lists() == eager.generate(prompts, greedy).token_lists()
+    sampled = SamplingParams(n=4, max_new_tokens=40, temperature=1.0, seed=7)
+    first = graphs.generate(prompts, sampled)
+    assert graphs.generate(prompts, sampled).token_lists() == first.token_lists()  # seeded, graphs replayed
+    assert graphs.generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=8)).token_lists() \
+        != first.token_lists()
+    assert torch.isfinite(first.logprobs).all()
+
+
+@pytest.mark.gpu
+@cuda
+def test_bf16_greedy_follows_hf_generate_until_a_near_tie(cuda_policy):
+    model, tokenizer = cuda_policy
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7? Think.", "ok ok")
+    params = SamplingParams(n=1, max_new_tokens=32, temperature=0.0)
+    ours = StaticEngine(model, tokenizer, device="cuda", dtype=torch.float32, max_rows=8,
+                        max_columns=96, cuda_graphs=True).generate(prompts, params)
+    theirs = HFEngine(model, tokenizer, device="cuda").generate(prompts, params)
+    assert ours.token_lists() == theirs.token_lists()  # fp32 on the GPU: the same argmax
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_memory_budget_sizes_the_cache_and_refuses_when_nothing_fits(cuda_policy):
+    model, tokenizer = cuda_policy
+    free, total = torch.cuda.mem_get_info()
+    used = (total - free) / total
+    with pytest.raises(BackendUnavailable, match="gpu_memory_utilization"):
+        StaticEngine(model, tokenizer, device="cuda", dtype=torch.bfloat16, max_rows=8, max_columns=64,
+                     memory_fraction=max(used - 0.01, 0.001))
+    engine = StaticEngine(model, tokenizer, device="cuda", dtype=torch.bfloat16, max_rows=10**9,
+                          max_columns=64, memory_fraction=min(used + 0.01, 1.0))
+    assert 1 <= engine.rows < 10**9

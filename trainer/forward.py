@@ -1,0 +1,123 @@
+"""The policy's forward over a batch: log-probs (and entropies) of the sampled tokens.
+
+:func:`response_logprobs` is the training path: it runs the transformer body once,
+keeps the hidden states of the response tokens only (none of the prompt, none of
+the padding), and hands them with the lm_head weight to
+:func:`trainer.logprobs.linear_logprobs`, which computes log-probs and entropies
+chunk by chunk without ever holding (tokens x vocabulary) logits.
+:func:`response_logits` is the plain path (full logits through the HF head), kept
+for models without a separate body and head and as the reference the tests
+compare against.
+
+Scorers (:class:`PolicyScorer`) share one shape, ``score(batch) -> (B, R)``: the
+old policy, the frozen reference and (later) a teacher are each one of them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.batch import Batch
+from trainer.logprobs import linear_logprobs
+from trainer.losses import token_logprobs
+
+
+def model_inputs(model, batch: Batch):
+    """input ids, the attention mask (see :func:`padded_attention`) and positions for a batch."""
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (b, P+R)
+    attention = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # left padding shifts positions
+    return input_ids, padded_attention(model, attention), positions
+
+
+def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False):
+    """(B, R) fp32 log-probs of the sampled tokens, and entropies (or None), of the sampling
+    distribution (logits / temperature); 0 off the response mask. Differentiable."""
+    body = getattr(model, "model", None)
+    head = model.get_output_embeddings()
+    if body is None or head is None or getattr(head, "bias", None) is not None:
+        logits = response_logits(model, batch, temperature)
+        from trainer.losses import entropy_from_logits
+
+        return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
+    input_ids, attention, positions = model_inputs(model, batch)
+    hidden = body(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                  use_cache=False).last_hidden_state  # (b, P+R, H)
+    prompt_width, response_width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    predicting = hidden[:, prompt_width - 1 : prompt_width - 1 + response_width]  # (b, R, H)
+    keep = batch.response_mask.bool()
+    weight = head.weight if head.weight.dtype == predicting.dtype else head.weight.to(predicting.dtype)
+    logprobs, entropy = linear_logprobs(predicting[keep], weight, batch.response_ids[keep],
+                                        temperature=temperature, with_entropy=with_entropy)  # (N,)
+    return _scatter(logprobs, keep), _scatter(entropy, keep) if with_entropy else None
+
+
+def _scatter(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(N,) values of the kept positions -> (B, R), 0 elsewhere (differentiable)."""
+    out = values.new_zeros(keep.shape)
+    return out.masked_scatter(keep, values)
+
+
+def response_logits(model, batch: Batch, temperature: float) -> torch.Tensor:
+    """Logits that predict each response token: (b, R, V), of the sampling distribution."""
+    input_ids, attention, positions = model_inputs(model, batch)
+    response_len = batch.response_ids.shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                   logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1]
+    return logits / temperature if temperature != 1.0 else logits  # (b, R, V)
+
+
+def padded_attention(model, attention: torch.Tensor) -> torch.Tensor:
+    """The attention mask for a left-padded (b, L) batch in which no query row is empty.
+
+    With the plain 2-D mask a left-pad position sees no key at all (every key
+    before it is padding). Its output is never used and its upstream gradient
+    is zero, but cuDNN's SDPA backward (torch's pick on an H200 in bf16) still
+    returns NaN dQ for such rows, and 0 * NaN poisons q_proj and everything
+    below it. Here every pad query attends to its own key, which no real
+    token can see, so real tokens' outputs are unchanged.
+
+    Only SDPA and eager attention take a dense 4-D mask; other kernels (the
+    flash-attention family) unpad instead and get the 2-D mask, as do models
+    with sliding-window layers, whose windows a hand-built mask would drop.
+    """
+    config = model.config
+    implementation = getattr(config, "_attn_implementation", None)
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if (implementation not in ("sdpa", "eager") or layer_types != {"full_attention"}
+            or getattr(config, "sliding_window", None) is not None):
+        return attention
+    valid = attention.bool()  # (b, L)
+    length = valid.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+    own_key = torch.eye(length, dtype=torch.bool, device=valid.device)
+    allowed = (causal & valid[:, None, :]) | (own_key & ~valid[:, :, None])  # (b, L query, L key)
+    if implementation == "sdpa":
+        return allowed[:, None]  # (b, 1, L, L), True = attend
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min)[:, None]  # eager adds the mask to the scores
+
+
+class PolicyScorer:
+    """Log-probs of a batch's sampled tokens under a model, without gradients, in micro-batches."""
+
+    def __init__(self, model, *, temperature: float, micro_batch_size: int, precision):
+        self.model = model
+        self.temperature = temperature
+        self.micro_batch_size = micro_batch_size
+        self.precision = precision
+
+    @torch.no_grad()
+    def score(self, batch: Batch) -> torch.Tensor:
+        was_training = self.model.training
+        self.model.eval()
+        logprobs = torch.zeros_like(batch.response_mask)
+        size = self.micro_batch_size
+        with self.precision.autocast():
+            for start in range(0, batch.size, size):
+                micro = batch.rows(slice(start, start + size))
+                values, _ = response_logprobs(self.model, micro, self.temperature)
+                logprobs[start : start + size, : values.shape[1]] = values
+        self.model.train(was_training)
+        return logprobs * batch.response_mask

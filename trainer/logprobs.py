@@ -1,0 +1,212 @@
+"""Per-token log-probs and entropy straight from the last hidden state, chunked over tokens.
+
+``linear_logprobs(hidden, weight, targets)`` gives, for N token positions,
+
+    z = (hidden @ weight.T + bias) / temperature          (N, V), never held whole
+    logprobs = log_softmax(z)[targets]                    (N,)
+    entropy  = lse(z) - sum_j p_j z_j = -sum_j p_j log p_j (N,), when with_entropy
+
+in one ``torch.autograd.Function``. The forward walks ``chunk_tokens`` rows at a
+time: the chunk's logits come from a matmul in the inputs' dtype (bf16 on GPU),
+are upcast, reduced to a logsumexp, the target's logit and the entropy, and
+dropped. Backward keeps only hidden, weight, bias, targets and the per-row
+logsumexp and entropy, recomputes each chunk's logits and forms
+
+    d z_j = g_lp (1[j = target] - p_j) + g_ent (-p_j (z_j - sum_k p_k z_k))
+          = g_lp 1[j = target] - p_j (g_lp + g_ent (log p_j + H))
+
+(z_j - sum_k p_k z_k = log p_j + lse - (lse - H)), then d logits = d z / T,
+grad_hidden = d logits @ weight and grad_weight = sum over chunks of
+d logits.T @ hidden. Both outputs may feed the loss, or one of them: an
+output the loss does not use gets no gradient (None) and costs nothing.
+
+Memory beyond the inputs and the (V, H) weight gradient is chunk_tokens x V x
+6 bytes for bf16 inputs (a bf16 and an fp32 buffer at once), 8 with entropy
+(two fp32), never N x V. The naive path (full logits, then
+trainer.losses.token_logprobs / entropy_from_logits) keeps the (N, V) logits,
+their fp32 upcast and, for entropy, the (N, V) softmax for backward. Measured
+on an H200 (benchmarks/bench_logprobs.py, bf16, N = 4096, H = 896,
+V = 151936), forward + backward, peak MiB / ms:
+
+    path              logprobs      + entropy
+    naive             4752 / 23.3   10096 / 56.2
+    chunk_tokens 4096 3829 / 23.3    5015 / 31.9
+    chunk_tokens 1024 1418 / 25.9    1715 / 34.6
+    chunk_tokens  512  972 / 28.5    1121 / 37.4
+
+Precision
+---------
+Outputs, the per-row statistics, d z and the cross-chunk sums of grad_weight
+and grad_bias are at least fp32 (fp64 inputs stay fp64, for gradcheck). The
+matmuls run in promote(hidden.dtype, weight.dtype): bf16 inputs use bf16
+tensor-core matmuls (fp32 accumulation inside each), and d logits is rounded
+to that dtype before them, as autograd does for a bf16 lm_head. The bias is
+added after the upcast. Gradients come back in each input's dtype.
+
+Targets must lie in [0, V) on every row; the caller masks padding rows'
+outputs, so any valid id (0, a pad id) works there, and a row whose outputs
+get zero gradient contributes exactly zero to every gradient.
+
+Why not liger-kernel
+--------------------
+Read from the 0.8.5 wheel: pure Python, but it requires triton and
+``liger_kernel.ops`` imports it (ModuleNotFoundError on CPU-only torch, where
+our tests run). ``chunked_loss``'s GRPO loss is pure torch, takes temperature
+and bias, but returns the scalar loss, not per-token log-probs: it computes the
+gradient inside forward and backward only rescales it, so TIS weights, our
+clamped k3 KL, distillation advantages and aggregate's reductions cannot be
+composed with it; it has no entropy (TRL refuses an entropy bonus with it).
+``ops.fused_linear_scaled_cross_entropy`` gives per-token NLL and entropy with
+temperature, no bias: a CuTe-DSL kernel on SM90 (the ``cutedsl`` extra), else
+a torch fallback from verl whose entropy and grad_weight sum stay in bf16.
+Worth a look only if the lm_head comes to dominate the H200 step time.
+
+What the references do
+----------------------
+* TRL (trl/trainer/utils.py, grpo_trainer.py): full (B, T, V) logits from the
+  model (``logits_to_keep``), ``logits.div_(temperature)``, then
+  ``selective_log_softmax`` (gather minus a per-row logsumexp loop; per-row
+  log_softmax for bf16) and ``entropy_from_logits`` (log_softmax over 128-row
+  chunks, under no_grad unless the entropy bonus is on). ``use_liger_kernel``
+  swaps the whole loss for liger's fused GRPO loss on the last hidden state.
+* verl (verl/utils/torch_functional.py): by default the same full-logits path,
+  ``logprobs_from_logits`` (flash-attn's Triton cross entropy when installed,
+  else a row loop) and ``entropy_from_logits[_with_chunking]``. With
+  ``use_fused_kernels`` the model's forward is patched to return log-probs and
+  entropy from the hidden states: backend "torch" is
+  ``FusedLinearForPPOFunction`` (verl/utils/experimental/torch_functional.py,
+  the approach here: 512-row chunks, recompute in backward, temperature, no
+  bias, outputs and grad_weight accumulated in the input dtype), backend
+  "triton" is verl/utils/kernel/linear_cross_entropy.py.
+"""
+
+import torch
+
+__all__ = ["linear_logprobs"]
+
+
+def _chunk_logits(hidden_chunk, weight, bias, temperature, stats_dtype):
+    """(C, H) rows -> (C, V) logits / T in stats_dtype; hidden_chunk and weight share the matmul dtype."""
+    logits = hidden_chunk @ weight.T  # (C, V)
+    scaled = logits.to(stats_dtype)  # a fresh tensor unless the dtypes match; either way ours to modify
+    del logits
+    if bias is not None:
+        scaled.add_(bias.to(stats_dtype))
+    return scaled.div_(temperature)
+
+
+class _LinearLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, with_entropy, chunk_tokens):
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        matmul_dtype = torch.promote_types(hidden.dtype, weight.dtype)
+        stats_dtype = torch.promote_types(matmul_dtype, torch.float32)
+        rows = hidden.shape[0]
+        lse = hidden.new_empty(rows, dtype=stats_dtype)
+        logprobs = torch.empty_like(lse)
+        entropy = torch.empty_like(lse) if with_entropy else None
+        weight_matmul = weight.to(matmul_dtype)
+        for start in range(0, rows, chunk_tokens):
+            end = min(start + chunk_tokens, rows)
+            z = _chunk_logits(hidden[start:end].to(matmul_dtype), weight_matmul, bias, temperature, stats_dtype)
+            picked = z.gather(1, targets[start:end, None]).squeeze(1)
+            peak = z.amax(dim=1, keepdim=True)
+            shifted = z.sub_(peak)  # in place: only one more (C, V) buffer below
+            if with_entropy:
+                exps = shifted.exp()
+                total = exps.sum(dim=1)
+                # H = log S - sum(e s) / S with s = z - max, e = exp(s), S = sum(e)
+                weighted = exps.mul_(shifted).sum(dim=1)
+                entropy[start:end] = total.log() - weighted / total
+                del exps
+            else:
+                total = shifted.exp_().sum(dim=1)
+            lse[start:end] = peak.squeeze(1) + total.log()
+            logprobs[start:end] = picked - lse[start:end]
+            del z, shifted
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature = temperature
+        ctx.chunk_tokens = chunk_tokens
+        ctx.dtypes = (matmul_dtype, stats_dtype)
+        return (logprobs, entropy) if with_entropy else logprobs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logprobs, grad_entropy=None):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        matmul_dtype, stats_dtype = ctx.dtypes
+        want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
+        if grad_logprobs is None and grad_entropy is None:
+            return (None,) * 7
+        rows = hidden.shape[0]
+        grad_logprobs = lse.new_zeros(rows) if grad_logprobs is None else grad_logprobs.to(stats_dtype)
+        # Each row's grad_hidden comes whole from one chunk; weight and bias sum over chunks, in
+        # fp32 unless there is only one chunk (then nothing is summed and a (V, H) fp32 buffer is saved).
+        sum_dtype = matmul_dtype if rows <= ctx.chunk_tokens else stats_dtype
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = weight.new_zeros(weight.shape, dtype=sum_dtype) if want_weight else None
+        grad_bias = bias.new_zeros(bias.shape, dtype=stats_dtype) if want_bias else None
+        weight_matmul = weight.to(matmul_dtype)
+        for start in range(0, rows, ctx.chunk_tokens):
+            end = min(start + ctx.chunk_tokens, rows)
+            hidden_chunk = hidden[start:end].to(matmul_dtype)
+            z = _chunk_logits(hidden_chunk, weight_matmul, bias, ctx.temperature, stats_dtype)
+            log_probs = z.sub_(lse[start:end, None])  # (C, V), in place
+            g_lp = grad_logprobs[start:end, None]  # (C, 1)
+            if grad_entropy is None:
+                d_z = log_probs.exp_().mul_(-g_lp)  # -g_lp p, still one buffer
+            else:
+                g_ent = grad_entropy[start:end, None].to(stats_dtype)
+                d_z = log_probs.exp()  # p
+                # -p (g_lp + g_ent (log p + H)), the factor built in log p's buffer
+                factor = log_probs.add_(entropy[start:end, None]).mul_(g_ent).add_(g_lp)
+                d_z.mul_(factor).neg_()
+                del factor
+            del z, log_probs
+            d_z.scatter_add_(1, targets[start:end, None], g_lp)
+            d_z.div_(ctx.temperature)  # d logits
+            if want_bias:
+                grad_bias += d_z.sum(dim=0)
+            d_logits = d_z.to(matmul_dtype)
+            del d_z
+            if want_hidden:
+                grad_hidden[start:end] = d_logits @ weight_matmul
+            if want_weight and sum_dtype == matmul_dtype:
+                grad_weight.addmm_(d_logits.T, hidden_chunk)  # no (V, H) temporary
+            elif want_weight:
+                grad_weight += d_logits.T @ hidden_chunk
+            del d_logits
+        return (
+            grad_hidden,
+            grad_weight.to(weight.dtype) if want_weight else None,
+            grad_bias.to(bias.dtype) if want_bias else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_logprobs(hidden, weight, targets, *, temperature=1.0, with_entropy=False, chunk_tokens=4096, bias=None):
+    """log softmax((hidden @ weight.T + bias) / temperature)[targets] per row, without (N, V) logits.
+
+    hidden (N, H) any float dtype; weight (V, H), the lm_head weight (tied or
+    not); targets (N,) integer ids in [0, V); bias (V,) or None.
+    Returns (logprobs, entropy): (N,) each, fp32 (fp64 for fp64 inputs);
+    entropy is None unless with_entropy. Gradients reach hidden, weight and
+    bias through both outputs. Peak extra memory is O(chunk_tokens x V).
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"need hidden (N, H) and weight (V, H), got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"targets shape {tuple(targets.shape)} != (N,) = {tuple(hidden.shape[:1])}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias shape {tuple(bias.shape)} != (V,) = {tuple(weight.shape[:1])}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    out = _LinearLogprobs.apply(
+        hidden, weight, bias, targets.long(), float(temperature), bool(with_entropy), int(chunk_tokens)
+    )
+    return out if with_entropy else (out, None)

@@ -1,0 +1,112 @@
+"""The policy update of one step: mini-batches of whole groups, micro-batches that accumulate.
+
+Each mini-batch is one optimizer step; each micro-batch loss is normalised by its
+whole mini-batch's totals, so the accumulated gradient is the mini-batch loss's
+gradient. Rows of a mini-batch are sorted by length before they are cut into
+micro-batches (the loss is a sum over rows, so order does not change it), which
+keeps the padding each micro-batch computes on small.
+
+When the step is exactly on-policy (one mini-batch: the update sees the weights
+that sampled) ``batch.old_logprobs`` is None and pi_old is the update forward's
+own log-probs, detached: rho = 1 exactly and no separate no-grad forward is
+spent on it (TRL does the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+
+import torch
+
+from trainer.batch import Batch
+from trainer.forward import response_logprobs
+from trainer.losses import aggregate, kl_penalty, policy_loss
+
+
+def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None) -> dict:
+    """One optimizer step per mini-batch; returns the step's policy metrics.
+
+    A mini-batch whose gradient norm is not finite leaves the weights, the
+    optimizer state and the schedule untouched; it is counted in
+    ``policy/skipped_updates`` and reported on ``stderr``.
+    """
+    model.train()
+    autocast = precision.autocast if precision is not None else contextlib.nullcontext
+    mini_size = cfg.policy_mini_batch_size * cfg.n_samples_per_prompt
+    micro_size = cfg.micro_train_batch_size_per_gpu
+    # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
+    sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0,
+            "entropy": 0.0}
+    tokens_seen = 0.0
+    mini_batches = skipped = 0
+    lr = optimizer.param_groups[0]["lr"]
+    for mini_start in range(0, batch.size, mini_size):
+        mini = batch.rows(slice(mini_start, mini_start + mini_size))
+        totals = dict(num_sequences=mini.size, num_tokens=float(mini.response_mask.sum()),
+                      max_len=cfg.max_generate_length)
+        longest_first = torch.argsort(mini.response_mask.sum(dim=1) + mini.prompt_mask.sum(dim=1),
+                                      descending=True, stable=True)
+        mini_loss = 0.0
+        for micro_start in range(0, mini.size, micro_size):
+            micro = mini.rows(longest_first[micro_start : micro_start + micro_size])
+            mask = micro.response_mask  # (b, R)
+            with autocast():
+                logprobs, entropy = response_logprobs(model, micro, cfg.temperature, with_entropy=True)  # (b, R)
+            old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+            per_token, stats = policy_loss(
+                logprobs, old_logprobs, micro.advantages,
+                eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high, loss_type=cfg.policy_loss_type,
+                rollout_logprobs=micro.rollout_logprobs if cfg.use_tis else None,
+                tis_cap=cfg.tis_imp_ratio_cap if cfg.use_tis else None)
+            loss = aggregate(per_token, mask, cfg.loss_reduction, **totals)
+            if cfg.use_kl_loss:
+                ref_kl = kl_penalty(logprobs, micro.ref_logprobs, estimator=cfg.kl_estimator_type)  # (b, R)
+                loss = loss + cfg.kl_loss_coef * aggregate(ref_kl, mask, cfg.loss_reduction, **totals)
+                sums["ref_kl"] += (ref_kl.detach() * mask).sum()
+            if cfg.use_entropy_loss:
+                loss = loss - cfg.entropy_loss_coef * aggregate(entropy, mask, cfg.loss_reduction, **totals)
+            loss.backward()
+            mini_loss += loss.detach()
+            drift = kl_penalty(logprobs.detach(), old_logprobs, estimator="k3")
+            tokens_seen += mask.sum()
+            sums["kl"] += (drift * mask).sum()
+            sums["entropy"] += (entropy.detach() * mask).sum()
+            sums["clip_frac"] += (stats["clip_frac"] * mask).sum()
+            if "tis_weight" in stats:
+                sums["tis_weight"] += (stats["tis_weight"] * mask).sum()
+            del logprobs, entropy, per_token, loss
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler then moves on)
+        # One sync per optimizer step: a non-finite gradient would turn every weight to NaN
+        # (AdamW's moments keep it forever), so that update is dropped and counted instead.
+        if torch.isfinite(grad_norm):
+            optimizer.step()
+            scheduler.step()
+            sums["grad_norm"] += grad_norm.detach()
+        else:
+            skipped += 1
+            print(f"sweep-train: skipped the update of mini-batch {mini_batches + 1}: the gradient norm is "
+                  f"{float(grad_norm)}", file=stderr or sys.stderr)
+        optimizer.zero_grad(set_to_none=True)
+        sums["loss"] += mini_loss
+        mini_batches += 1
+    sums = {key: float(total) for key, total in sums.items()}  # one device sync for the whole step
+    per_token = max(float(tokens_seen), 1.0)
+    applied = mini_batches - skipped
+    metrics = {
+        "policy/loss": sums["loss"] / mini_batches,
+        "policy/grad_norm": sums["grad_norm"] / applied if applied else math.nan,  # of the applied updates
+        "policy/lr": lr,
+        "policy/clip_frac": sums["clip_frac"] / per_token,
+        "policy/kl": sums["kl"] / per_token,
+        "policy/entropy": sums["entropy"] / per_token,
+        "policy/optimizer_steps": applied,
+        "policy/skipped_updates": skipped,
+    }
+    if cfg.use_kl_loss:
+        metrics["policy/ref_kl"] = sums["ref_kl"] / per_token
+    if cfg.use_tis:
+        metrics["policy/tis_weight"] = sums["tis_weight"] / per_token
+    return metrics
