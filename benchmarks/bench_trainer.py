@@ -11,13 +11,20 @@ steps (allocator and kernel warm-up). The H200 run the numbers are wanted for::
 A random-init model rarely samples its eos token, so every completion runs to
 ``--generate-length``: the generation numbers are for full-length decodes.
 Any other trainer key can be set with ``--set key=value``.
+
+``--compare trl`` then runs ``bench_trl.py`` (TRL's ``GRPOTrainer`` on the same model,
+prompts and reward) in its own process with the same shape arguments, and prints both
+seconds per step and their ratio. TRL is not a dependency of this project; it is checked
+for before the trainer's run, so a missing install fails in seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.config import ConfigError, TrainerConfig, parse_value  # noqa: E402
 
 SPLIT = ("timing/generate", "timing/ref", "timing/policy_train", "timing/sync_weights")
+TRL_BENCH = Path(__file__).with_name("bench_trl.py")
+# The arguments bench_trl.py shares with this script: the shape both runs must have.
+SHAPE_ARGUMENTS = ("model", "dataset", "prompts", "samples", "prompt_length", "generate_length",
+                   "steps", "warmup", "device")
 
 
 def parse_args(argv=None):
@@ -43,6 +54,8 @@ def parse_args(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any other trainer key (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--compare", choices=("trl",),
+                        help="then run TRL's GRPOTrainer on the same shape (bench_trl.py), print the ratio")
     return parser.parse_args(argv)
 
 
@@ -84,6 +97,11 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"bench_trainer: {exc}", file=sys.stderr)
         return 2
+    if args.compare == "trl":
+        problem = trl_problem()
+        if problem is not None:
+            print(f"bench_trainer: --compare trl: {problem}", file=sys.stderr)
+            return 2
     from trainer.loop import train
 
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
@@ -94,9 +112,12 @@ def main(argv=None) -> int:
     train_records = [r for r in records if r["kind"] == "train"]
     info = next(r for r in records if r["kind"] == "info")
     summary = {"model": cfg.model, "device": info["device"], "dtype": info["dtype"],
+               "backend": info.get("backend"),
                "prompts": cfg.train_batch_size, "samples": cfg.n_samples_per_prompt,
                **summarise(train_records, args.warmup)}
     if args.json:
+        if args.compare == "trl":
+            return compare_with_trl(args, summary, as_json=True)
         print(json.dumps(summary))
         return 0
     print(f"{summary['model']} on {summary['device']} ({summary['dtype']}), "
@@ -111,7 +132,65 @@ def main(argv=None) -> int:
         print(f"  {key:<20}{summary[key]:.3f} s ({share:.0%})")
     print(f"  response length     {summary['response_length_mean']:.1f}")
     print(f"  peak memory         {summary['peak_memory_gb']:.2f} GB")
+    if args.compare == "trl":
+        return compare_with_trl(args, summary, as_json=False)
     return 0
+
+
+# -- --compare trl ------------------------------------------------------------------------------
+
+
+def trl_problem() -> str | None:
+    """None when bench_trl.py can import TRL's GRPOTrainer with this Python, else why not."""
+    check = subprocess.run([sys.executable, str(TRL_BENCH), "--check"], capture_output=True, text=True)
+    if check.returncode == 0:
+        return None
+    lines = check.stderr.strip().splitlines()
+    if not lines:
+        return f"{TRL_BENCH.name} --check exited {check.returncode}"
+    return lines[-1].removeprefix("bench_trl: ")
+
+
+def compare_with_trl(args, ours: dict, *, as_json: bool) -> int:
+    """Run bench_trl.py on the same shape in its own process; print both and the ratio."""
+    if args.set:
+        print("bench_trainer: --set applies to the trainer's run only, not to TRL's", file=sys.stderr)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()  # the child gets the memory our run held
+    shape = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHAPE_ARGUMENTS]
+    # TRL's stderr (its logs, warnings, a traceback) passes through; stdout is its JSON summary.
+    command = [sys.executable, str(TRL_BENCH), "--json", *shape]
+    run = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    if run.returncode != 0:
+        print(f"bench_trainer: --compare trl: {TRL_BENCH.name} exited {run.returncode}", file=sys.stderr)
+        return run.returncode
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    ratio = theirs["sec_per_step"] / ours["sec_per_step"]
+    if as_json:
+        print(json.dumps({**ours, "trl": theirs, "trl_over_ours_sec_per_step": ratio}))
+        return 0
+    for line in comparison_lines(ours, theirs):
+        print(line)
+    return 0
+
+
+def comparison_lines(ours: dict, theirs: dict) -> list[str]:
+    """Both seconds per step and who is faster, by the ratio TRL / ours."""
+    ratio = theirs["sec_per_step"] / ours["sec_per_step"]
+    faster, factor = ("ours", ratio) if ratio >= 1 else ("TRL", 1 / ratio)
+    # Two decimals where one would print a tie ("1.0x faster") for a 2-4% difference.
+    verdict = f"{faster} is {factor:.1f}× faster" if factor >= 1.05 else f"{faster} is {factor:.2f}× faster"
+    return [
+        f"TRL {theirs['trl_version']} GRPOTrainer (HF generate; ours: the {ours.get('backend')} engine), "
+        f"same shape on {theirs['device']} ({theirs['dtype']}), {theirs['steps_measured']} steps measured",
+        f"  sec/step            ours {ours['sec_per_step']:.3f}  TRL {theirs['sec_per_step']:.3f}",
+        f"  generate            ours {ours['timing/generate']:.3f}  "
+        f"TRL {theirs['generate_sec_per_step']:.3f}",
+        f"  peak memory         ours {ours['peak_memory_gb']:.2f} GB  TRL {theirs['peak_memory_gb']:.2f} GB",
+        f"  TRL / ours          {ratio:.2f}: {verdict}",
+    ]
 
 
 if __name__ == "__main__":

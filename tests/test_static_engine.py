@@ -260,6 +260,22 @@ def test_graph_replays_equal_eager_steps(cuda_policy, dtype):
 
 @pytest.mark.gpu
 @cuda
+def test_a_new_bucket_captured_after_a_full_length_chunk_stays_inside_the_cache(cuda_policy):
+    # A chunk that filled every column leaves the step state at the cache's end; capturing the
+    # graph of another batch size then warmed up from there and indexed past the RoPE table.
+    model, tokenizer = cuda_policy
+    engine = StaticEngine(model, tokenizer, device="cuda", dtype=torch.bfloat16, max_rows=8, max_columns=64,
+                          cuda_graphs=True)
+    engine.stop_tensor = torch.tensor([-1], device="cuda")  # nothing stops: every row runs to the end
+    full = engine.generate([[5] * 32] * 8, SamplingParams(n=1, max_new_tokens=32, seed=0))
+    assert full.response_ids.shape == (8, 32)
+    one = engine.generate([[5] * 32], SamplingParams(n=1, max_new_tokens=32, seed=0))
+    torch.cuda.synchronize()
+    assert one.response_ids.shape == (1, 32) and len(engine.graphs) == 2
+
+
+@pytest.mark.gpu
+@cuda
 def test_bf16_greedy_follows_hf_generate_until_a_near_tie(cuda_policy):
     model, tokenizer = cuda_policy
     prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7? Think.", "ok ok")

@@ -323,6 +323,8 @@ class StaticEngine(RolloutEngine):
         self.done[:bucket] = True
         self.column.zero_()
         self.out_index.zero_()
+        self.positions.zero_()  # a finished chunk leaves them at the end of the cache
+        self.tokens.zero_()
         with torch.random.fork_rng(devices=[self.device]):
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))

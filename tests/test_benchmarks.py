@@ -1,0 +1,63 @@
+"""benchmarks/: the parts of the TRL comparison that run without TRL (CI has none)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compare_trl_stops_before_the_run_when_trl_does_not_import(tmp_path):
+    # A trl package that fails to import stands in for a missing or broken install,
+    # whether or not the real one is installed on this machine.
+    (tmp_path / "trl").mkdir()
+    stub = tmp_path / "trl" / "__init__.py"
+    stub.write_text("raise ModuleNotFoundError(\"No module named 'datasets'\")\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_trainer.py"), "--compare", "trl", "--steps", "1"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result
+    assert "--compare trl: TRL is not importable" in result.stderr
+    assert "No module named 'datasets'" in result.stderr
+    assert "pip install trl==" in result.stderr
+    assert result.stdout == ""  # the trainer's run never started
+
+
+def test_comparison_lines_name_the_faster_side():
+    bench_trainer = _load("bench_trainer")
+    ours = {"sec_per_step": 10.0, "timing/generate": 8.0, "peak_memory_gb": 18.2, "backend": "static"}
+    theirs = {"sec_per_step": 25.0, "generate_sec_per_step": 20.0, "peak_memory_gb": 30.0,
+              "trl_version": "1.16.0", "device": "cuda:0", "dtype": "bfloat16", "steps_measured": 3}
+    lines = bench_trainer.comparison_lines(ours, theirs)
+    assert "ours 10.000  TRL 25.000" in lines[1]
+    assert lines[-1].endswith("2.50: ours is 2.5× faster")
+    slower = bench_trainer.comparison_lines({**ours, "sec_per_step": 50.0}, theirs)
+    assert slower[-1].endswith("0.50: TRL is 2.0× faster")
+    close = bench_trainer.comparison_lines({**ours, "sec_per_step": 25.5}, theirs)
+    assert close[-1].endswith("0.98: TRL is 1.02× faster")
+
+
+def test_prompts_for_trl_are_left_truncated_to_the_prompt_length():
+    from trainer.models import byte_tokenizer
+
+    bench_trl = _load("bench_trl")
+    tokenizer = byte_tokenizer()
+    prompts = ["short", "x" * 300 + " the ask", "€" * 200]
+    kept = bench_trl.left_truncated(prompts, tokenizer, 256)
+    lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in kept]
+    assert kept[0] == "short"
+    assert lengths[1] == 256 and kept[1].endswith(" the ask")
+    # 256 bytes of 3-byte characters: the cut character is dropped, not sent as U+FFFD.
+    assert kept[2] == "€" * 85 and lengths[2] == 255
