@@ -116,6 +116,31 @@ def test_smoke_profile_keeps_cells_distinct_and_small(smoke):
     assert dense["config"] == moe["config"] and dense["name"] != moe["name"]
 
 
+def test_gpu_profile_puts_every_throughput_cell_on_one_gpu_with_its_levers_kept():
+    collected = collect_in_process("grids/gsm8k_throughput.py", profile="gpu")
+    assert collected["torch"] is False
+    cells = collected["cells"]
+    assert len(cells) == 18
+    for nodeid, cell in cells.items():
+        config = cell["config"]
+        assert config["model"] == "random:qwen2.5-0.5b" and config["backend"] == "static", nodeid
+        assert (config["device"], config["num_gpus"], config["gpus"]) == ("cuda", 1, 1), nodeid
+        assert config["max_steps"] == 4 and config["eval_before_train"] is False
+    base, cudagraph = (cells[f"grids/gsm8k_throughput.py::{n}"]["config"] for n in ("base", "cudagraph"))
+    assert (base["enforce_eager"], cudagraph["enforce_eager"]) == (True, False)  # the CUDA-graph lever stays
+    widths = [cells[f"grids/gsm8k_throughput.py::{n}"]["config"]["train_batch_size"]
+              for n in ("base", "tbs64", "tbs128", "tbs256", "tbs512")]
+    assert widths == [8, 16, 32, 64, 128]  # one GPU's share of a 4-GPU node's batch
+
+
+def test_gpu_profile_keeps_a_local_model_path(tmp_path):
+    from sweepkit_plugins.trainer import gpu
+
+    assert "model" not in gpu({"model": str(tmp_path)}, "trainer")
+    assert gpu({"model": "Qwen/Qwen2.5-1.5B-Instruct"}, "trainer")["model"] == "random:qwen2.5-0.5b"
+    assert gpu({"lr": 1.0}, "command") == {}
+
+
 def test_smoke_keeps_a_local_gsm8k_path(tmp_path):
     from sweepkit_plugins.trainer import smoke
 
