@@ -58,7 +58,9 @@ class Target:
     directory), and, from ``places``, ``{grid_dir}`` (the grid file's directory) and
     ``{root}`` (the project root), so that a script of the project can be named although
     the process runs in its cell dir. ``schema`` maps every key the target accepts to
-    ``{"type", "type_name", "default", "doc"}``; ``None`` accepts any key.
+    ``{"type", "type_name", "default", "doc"}`` and, for a key whose value may be a
+    filesystem path, ``"path": True`` (collection takes such a value, when relative, from the
+    project root: :func:`sweepkit.resolve.resolve_path`); ``None`` accepts any key.
     """
 
     name: str
@@ -98,6 +100,10 @@ class Cell:
     ``launch_keys`` maps each registered launch key to its default.
     ``diff`` and ``profile_changes`` map a key to ``(before, after)``; a key the
     earlier config did not set shows the target schema's default (or None).
+    ``resolved_paths`` maps each path-valued key whose relative value collection took
+    from the project root to ``(as written, absolute)``: ``config`` holds the absolute
+    path, the config hash the value as written. ``unprofiled`` is the cell as its grid
+    wrote it, before ``profile`` rewrote it (None without a profile).
     """
 
     grid: str
@@ -115,6 +121,9 @@ class Cell:
     launch_keys: Mapping[str, Any] = attrs.field(factory=dict, converter=_dict, hash=False)
     key_locations: Mapping[str, tuple[str, int]] = attrs.field(
         factory=dict, converter=_dict, hash=False, eq=False)
+    resolved_paths: Mapping[str, tuple[str, str]] = attrs.field(
+        factory=dict, converter=_dict, hash=False, eq=False)
+    unprofiled: "Cell | None" = attrs.field(default=None, hash=False, eq=False, repr=False)
 
     @property
     def nodeid(self) -> str:
@@ -136,9 +145,17 @@ class Cell:
         """Where ``key`` got its value (the declaring line), else the cell's own line."""
         return self.key_locations.get(key, self.location)
 
+    def written_config(self) -> dict[str, Any]:
+        """The config with the relative paths collection resolved back as the grid wrote them
+        (a value a profile replaced stays replaced)."""
+        return {key: self.resolved_paths[key][0]
+                if key in self.resolved_paths and self.resolved_paths[key][1] == value else value
+                for key, value in self.config.items()}
+
     def config_hash(self) -> str:
-        """Stable across runs: sha256 of the resolved config and the target's argv."""
-        payload = _canonical({"config": dict(self.config), "argv": list(self.target.argv)})
+        """Stable across runs, and where the project moves: sha256 of the resolved config, its
+        relative paths as written, and the target's argv."""
+        payload = _canonical({"config": self.written_config(), "argv": list(self.target.argv)})
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:

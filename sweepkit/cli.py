@@ -36,6 +36,14 @@ class _EarlyParser(argparse.ArgumentParser):
         raise _EarlyParseError(message or "")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A mistake on the command line is bad input (exit 4, as a bad grid file is), not
+    argparse's exit 2, which is sweepkit's "interrupted"."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}", self.format_usage().strip())
+
+
 class OptionParser:
     """What :func:`sweepkit.hookspec.sweep_addoption` receives."""
 
@@ -61,7 +69,7 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help="project root: paths are shown relative to it (default: cwd)")
 
 
-def build_parser(registry=None, parser_class=argparse.ArgumentParser):
+def build_parser(registry=None, parser_class=_Parser):
     """The full parser; help for executors and profiles comes from the registry."""
     parser = parser_class(prog="sweep", description="Sweep training runs: grid files -> named "
                                                     "cells -> runs -> tables.")

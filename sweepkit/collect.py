@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import sys
+import tokenize
 import traceback
 from pathlib import Path
 
@@ -19,10 +21,11 @@ import attrs
 from sweepkit import plugin
 from sweepkit.cell import Cell, Mark, Target
 from sweepkit.errors import UsageError, did_you_mean, display_path
-from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, ProductDecl
+from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, ProductDecl, mark_problem
 from sweepkit.hookspec import hookimpl
 from sweepkit.ids import format_value
 from sweepkit.resolve import GridSpec, Start, build_cells
+from sweepkit.validate import key_error_lines
 
 DEFAULT_GRID_DIR = "grids"
 DEFAULT_TARGET = "trainer"
@@ -133,7 +136,10 @@ def collect_file(path: Path, session) -> list[Cell]:
         try:
             cells = session.hook.sweep_collect_file(path=path, session=session)
         except (GridError, GridErrors) as exc:
-            raise grid_usage_error(exc, session.rootdir) from None
+            # With the key errors of the cells that could be built: one round of fixes.
+            launch_types = {name: spec.type for name, spec in session.registry.keys.items()}
+            extra = key_error_lines(getattr(exc, "cells", ()), launch_types)
+            raise grid_usage_error(exc, session.rootdir, extra) from None
         if cells is None:
             raise UsageError(f"{session.display_path(path)}: no plugin collects this file")
     except UsageError as exc:
@@ -144,19 +150,39 @@ def collect_file(path: Path, session) -> list[Cell]:
     return session.collected[path]
 
 
-def grid_usage_error(exc: GridError | GridErrors, rootdir: Path) -> UsageError:
-    """Each mistake as ``file:line: message`` (``file: message`` where no line applies)."""
+def grid_usage_error(exc: GridError | GridErrors, rootdir: Path, extra: list[str] = ()) -> UsageError:
+    """Each mistake as ``file:line: message`` (``file: message`` where no line applies),
+    then the ``extra`` lines."""
     lines = []
     for error in exc.errors if isinstance(exc, GridErrors) else (exc,):
         file, line = display_path(error.location[0], rootdir), error.location[1]
         lines.append(f"{file}:{line}: {error.message}" if line else f"{file}: {error.message}")
-    return UsageError(*lines)
+    return UsageError(*lines, *extra)
+
+
+def read_source(path: Path, display: str) -> str:
+    """The text of a grid or sweepconf file, in the encoding it declares (UTF-8 by default);
+    a file that is no Python source (a NUL byte, bytes of no text) is refused at its line."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        line = data[:data.index(b"\0")].count(b"\n") + 1
+        raise UsageError(f"{display}:{line}: not a Python source file: it holds a NUL byte")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError:  # bytes of no UTF-8 in its first two lines, or an unknown coding
+        encoding = "utf-8"
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{display}:{line}: not a Python source file: byte {data[exc.start]:#04x} is not "
+                         f"{encoding} text") from None
 
 
 def exec_python_file(path: Path, rootdir: Path, module_name: str):
     """Execute a grid or sweepconf file as a module; mistakes become file:line errors."""
     display = display_path(path, rootdir)
-    source = path.read_text()
+    source = read_source(path, display)
     try:
         tree = ast.parse(source, filename=str(path))
         code = compile(tree, str(path), "exec")
@@ -164,7 +190,8 @@ def exec_python_file(path: Path, rootdir: Path, module_name: str):
         pointer = ""
         if exc.text:
             pointer = "\n    " + exc.text.rstrip("\n") + "\n    " + " " * max((exc.offset or 1) - 1, 0) + "^"
-        raise UsageError(f"{display}:{exc.lineno}: syntax error: {exc.msg}{pointer}") from None
+        where = f"{display}:{exc.lineno}" if exc.lineno else display
+        raise UsageError(f"{where}: syntax error: {exc.msg}{pointer}") from None
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     module.__dict__["__sweep_assignments__"] = _assignment_lines(tree)
@@ -174,10 +201,21 @@ def exec_python_file(path: Path, rootdir: Path, module_name: str):
     except GridError as exc:
         raise grid_usage_error(exc, rootdir) from None
     except Exception as exc:
-        line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
-                     if Path(f.filename) == path), 0)
-        raise UsageError(f"{display}:{line}: {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"{display}:{_line_in(path, exc)}: {type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # sys.exit(), exit(), quit(): collecting the other files goes on
+        stop = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else repr(exc)
+        kind = "a sweepconf.py must run to its end to be loaded" if path.name == plugin.SWEEPCONF \
+            else "a grid file must run to its end to be collected"
+        raise UsageError(f"{display}:{_line_in(path, exc)}: {stop} stopped the file before its end; {kind}") from None
     return module
+
+
+def _line_in(path: Path, exc: BaseException) -> int:
+    """The line of ``path`` where ``exc`` was raised (its innermost frame in that file)."""
+    return next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
+                 if Path(f.filename) == path), 0)
 
 
 def _assignment_lines(tree: ast.Module) -> dict[str, int]:
@@ -212,8 +250,14 @@ def _grid_spec(module, path: Path, session) -> GridSpec:
     except GridError as error:
         problems.append(error)
         target = Target(name=str(target_value), argv=())  # stands in while the cells are checked
+    problems += _mark_problems(path, lines.get("marks", 0), module_marks, own)
     if not bases:
-        problems.append(GridError((str(path), 0), "no base cell; declare one with base = sk.base(...)"))
+        if own:  # at the first declaration, which would be built on it
+            first = min(d.location[1] for _, d in own)
+            problems.append(GridError((str(path), first), "no base cell; declare one with base = sk.base(...)"))
+        else:
+            problems.append(GridError((str(path), 1), "the grid file declares nothing; declare its base cell: "
+                                                      "base = sk.base(key=value, ...)"))
         raise GridErrors(problems)
     base = bases[0][1]
     try:
@@ -226,6 +270,15 @@ def _grid_spec(module, path: Path, session) -> GridSpec:
         module_marks=module_marks, base=base, base_start=base_start,
         declarations=tuple((n, d) for n, d in own if not isinstance(d, BaseDecl)),
         problems=tuple(problems))
+
+
+def _mark_problems(path: Path, marks_line: int, module_marks, own) -> list[GridError]:
+    """Every mark of the file that -m could not select, and every xfail without a reason."""
+    placed = [((str(path), marks_line), mark) for mark in module_marks]
+    for _, decl in own:
+        placed += [(decl.location, mark) for mark in decl.marks]
+        placed += [(param.location, mark) for param in getattr(decl, "params", ()) for mark in param.marks]
+    return [GridError(location, problem) for location, mark in placed if (problem := mark_problem(mark))]
 
 
 def _target(value, location, session) -> Target:
@@ -257,8 +310,9 @@ def _base_start(base: BaseDecl, path: Path, session) -> Start:
             raise GridError(base.location, f"from_cell={base.from_cell!r}: {other_file} has no cell "
                                            f"{name!r}{did_you_mean(name, cells)}")
         source = cells[name]
-        # Keep pointing at the other grid's lines for keys this base does not override.
-        start = Start(config=dict(source.config),
+        # Keep pointing at the other grid's lines for keys this base does not override; its
+        # relative paths as written, which this grid takes from the same project root.
+        start = Start(config=source.written_config(),
                       locations={k: (str((session.rootdir / f).resolve()), line)
                                  for k, (f, line) in source.key_locations.items()})
     return start.updated(base.values, base.location)

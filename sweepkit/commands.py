@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sweepkit import plugin
+from sweepkit import state as st
 from sweepkit.cell import Cell
 from sweepkit.collect import DEFAULT_GRID_DIR, files_of_args, split_arg
 from sweepkit.errors import UsageError
@@ -74,11 +75,32 @@ def _import_stage(module: str, name: str, command: str):
         raise UsageError(f"sweep {command} needs {module}.{name}, which cannot be imported: {exc}") from None
 
 
+def _skip_damaged(session: Session, cells: list[Cell]) -> list[Cell]:
+    """The cells whose ``state.json`` cannot be read, each named with its file: whether such
+    a cell ran is not known, so only ``--rerun`` (which writes a new one) runs it."""
+    damaged = []
+    for cell in cells:
+        problem = st.state_problem(st.cell_dir(session.runs_dir, cell))
+        if problem is not None:
+            damaged.append(cell)
+            session.err_console.print(
+                f"DAMAGED  {cell.nodeid}: {session.display_path(problem.path)}: {problem.reason}; whether it ran "
+                f"is not known, so it is skipped: sweep run {cell.nodeid} --rerun starts it over", markup=False)
+    return damaged
+
+
 def cmd_run(session: Session) -> int:
+    max_parallel = getattr(session.options, "max_parallel", None)
+    if max_parallel is not None and max_parallel < 1:
+        raise UsageError(f"--max-parallel {max_parallel}: expected a number of cells of at least 1")
     cells = _selected(session)
     if not cells:
         session.err_console.print("no cells selected; nothing to run", markup=False)
         return ExitCode.NO_CELLS
+    damaged = [] if session.options.rerun else _skip_damaged(session, cells)
+    cells = [cell for cell in cells if cell not in damaged]
+    if not cells:
+        return ExitCode.CELLS_FAILED  # none of them passed
     session.validate(cells, check_runs_dir=True)
     executors = session.registry.executors
     name = session.options.executor or session.hook.sweep_choose_executor(session=session)
@@ -87,7 +109,13 @@ def cmd_run(session: Session) -> int:
         raise UsageError(f"--executor {name}: no such executor (registered: {known})")
     session.options.executor = name
     run_cells = _import_stage("sweepkit.runner", "run_cells", "run")
-    return run_cells(session, cells)
+    code = run_cells(session, cells)
+    if not damaged:
+        return code
+    # Said again after the run, whose own summary does not count them.
+    session.err_console.print(f"{_plural(len(damaged), 'cell')} skipped as DAMAGED (above): "
+                              f"{', '.join(cell.nodeid for cell in damaged)}", markup=False)
+    return ExitCode.CELLS_FAILED if code == ExitCode.OK else code
 
 
 def _named_cells(session: Session) -> list[Cell]:

@@ -31,9 +31,11 @@ class GridErrors(Exception):
     """Every mistake found in one grid file, in file order: collection goes on past the
     first, so that one round of fixes is enough."""
 
-    def __init__(self, errors):
+    def __init__(self, errors, cells=()):
         unique = {(e.location, e.message): e for e in errors}  # a cell built on a broken one repeats it
         self.errors = tuple(sorted(unique.values(), key=lambda e: (e.location[0], e.location[1])))
+        # The cells the file's other declarations make: their key errors are reported with these.
+        self.cells = tuple(cells)
         super().__init__("\n".join(str(e) for e in self.errors))
 
 
@@ -53,6 +55,17 @@ def _marks(value, location) -> tuple[Mark, ...]:
         if not isinstance(item, Mark):
             raise GridError(location, f"marks: expected sk.mark.<name> values, got {item!r}")
     return tuple(items)
+
+
+def mark_problem(mark: Mark) -> str | None:
+    """Why a mark cannot stand on a cell: a name ``-m`` cannot select (it is matched as an
+    identifier), or an xfail without a reason (the report shows the reason next to XFAIL)."""
+    if not mark.name.isidentifier() or mark.name in ("and", "or", "not"):
+        return (f"mark {mark.name!r}: a mark name must be a Python identifier other than and, or, not, "
+                "so that -m can select it")
+    if mark.name == "xfail" and not mark.reason.strip():
+        return 'xfail needs a reason: sk.mark.xfail(reason="..."), shown next to XFAIL'
+    return None
 
 
 class MarkGenerator:
@@ -194,7 +207,8 @@ def command(*argv: str, schema: Mapping[str, dict] | None = None) -> Target:
 
     The process runs in its cell dir: name the project's files through ``{root}`` or
     ``{grid_dir}`` (:class:`sweepkit.cell.Target` lists the placeholders). Without a
-    schema, keys are free; a key's type is then checked against the base value's.
+    schema, keys are free; a key's type is then checked against the base value's. A schema
+    entry with ``"path": True`` marks a key whose relative value is taken from the project root.
     """
     if not argv or not all(isinstance(a, str) for a in argv):
         raise GridError(caller_location(), f"command: expected strings, got {argv!r}")

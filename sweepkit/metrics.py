@@ -5,7 +5,8 @@ A cell's process reports each step either as a JSON object per line in ``metrics
 ``WANDB_MIRROR kind=train step=3 metrics={...}`` (the seeds' format), or both; when the
 file exists it wins, since it survives restarts and the stdout of a resumed run may
 repeat steps. The last line of a file that is still being written can be cut short; it is
-skipped until it is complete. When a step appears twice (a resumed run repeats the steps
+skipped until it is complete. A record whose step is not an integer (``"step": "five"``) is
+left out, and :func:`bad_lines` names its line. When a step appears twice (a resumed run repeats the steps
 after its checkpoint), the later record wins.
 
 This module is plain Python (the driver's live display and ``sweep status`` use it every
@@ -54,8 +55,20 @@ def complete_text(path: Path, offset: int = 0) -> tuple[str, int]:
     return data[:end].decode(errors="replace"), offset + end
 
 
-def parse_jsonl(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    for line in lines:
+def record_problem(record: dict[str, Any]) -> str | None:
+    """Why a record (an object with ``kind`` and ``step``) cannot be placed: a step that is
+    not an integer (``"step": "five"``), or a kind that is not a string; None when it can."""
+    step = record["step"]
+    if isinstance(step, bool) or not isinstance(step, int):
+        return f"step {step!r} is not an integer"
+    if not isinstance(record["kind"], str):
+        return f"kind {record['kind']!r} is not a string"
+    return None
+
+
+def _records(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of the lines that are JSON objects with ``kind`` and ``step``."""
+    for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line:
             continue
@@ -64,6 +77,13 @@ def parse_jsonl(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line cut short by a killed writer
         if isinstance(record, dict) and "kind" in record and "step" in record:
+            yield number, record
+
+
+def parse_jsonl(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` lines; those :func:`record_problem` rejects are left out."""
+    for _, record in _records(lines):
+        if record_problem(record) is None:
             yield record
 
 
@@ -92,6 +112,17 @@ def dedupe(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         latest.pop((record["kind"], record["step"]), None)
         latest[(record["kind"], record["step"])] = record
     return sorted(latest.values(), key=lambda record: record["step"])
+
+
+def bad_lines(directory: Path) -> list[tuple[int, str]]:
+    """``(line number, why)`` of the records of a cell's ``metrics.jsonl`` that are left out
+    (:func:`record_problem`); the ``WANDB_MIRROR`` lines of stdout always have integer steps."""
+    found = source(directory)
+    if found is None or found[0] != "jsonl":
+        return []
+    text, _ = complete_text(found[1])
+    return [(number, problem) for number, record in _records(text.splitlines())
+            if (problem := record_problem(record)) is not None]
 
 
 def read_records(directory: Path) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
 """Profiles: named, registered rewrites of every cell's config (``--profile smoke``).
 
 A profile changes configs after collection, so cells keep their ids even when
-two of them end up alike; what it changed is recorded on each cell.
+two of them end up alike; what it changed is recorded on each cell, and so is the cell
+as its grid wrote it, which validation checks first (a profile must not hide a value
+the real run refuses).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from sweepkit.cell import Cell
 from sweepkit.errors import UsageError
 from sweepkit.resolve import config_diff
 
+# session.stash key: node id -> why the profile could not rewrite that cell.
+FAILED = "profile.failed"
+
 
 def apply_profile(session, cells: list[Cell], name: str | None) -> list[Cell]:
     if not name:
@@ -20,12 +25,22 @@ def apply_profile(session, cells: list[Cell], name: str | None) -> list[Cell]:
     if spec is None:
         known = ", ".join(sorted(session.registry.profiles)) or "none"
         raise UsageError(f"--profile {name}: no such profile (registered: {known})")
+    failed = session.stash.setdefault(FAILED, {})
     out = []
     for cell in cells:
         config = dict(cell.config)
         for fn in spec.fns:
-            changes = fn(dict(config), cell.target.name) or {}
+            try:
+                changes = fn(dict(config), cell.target.name) or {}
+            except Exception as exc:  # most likely a value of the wrong type, which validation names
+                failed[cell.nodeid] = f"--profile {name} cannot rewrite this cell: {type(exc).__name__}: {exc}"
+                break
             config.update(changes)
         changed = config_diff(cell.config, config, cell.target.schema or {})
-        out.append(attrs.evolve(cell, config=config, profile=name, profile_changes=changed))
+        out.append(attrs.evolve(cell, config=config, profile=name, profile_changes=changed, unprofiled=cell))
     return out
+
+
+def profile_failure(session, cell: Cell) -> str | None:
+    """Why the profile could not rewrite ``cell`` (a profile function raised), or None."""
+    return session.stash.get(FAILED, {}).get(cell.nodeid) if cell.profile else None

@@ -4,12 +4,19 @@ A cell's config is its starting point (the base, or ``on=``) updated with its ow
 values; its diff is taken against the base. Two cells with one id, or two cells
 with the same config, are errors: ids must mean one thing, and a duplicate run
 is wasted compute. Every mistake of a file is gathered before any is reported.
+
+A cell's process runs in its cell dir, so a relative path in its config would be taken
+from there; the values of the keys its target's schema marks ``"path": True`` are taken
+from the project root instead (:func:`resolve_path` states the rule).
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -104,31 +111,74 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
                                     keywords=frozenset({name})))
             elif isinstance(decl, (AxisDecl, ProductDecl)):
                 drafts.extend(_axis_drafts(name, decl, start_of(decl.on, decl.location),
-                                           spec.module_marks, make_id))
+                                           spec.module_marks, make_id, spec.target, launch_keys))
         except GridError as error:
             problems.append(error)
 
     problems += _id_problems(drafts, display)
     problems += _duplicate_configs(drafts, display)
-    if problems:
-        raise GridErrors(problems)
     base_config = spec.base_start.config
     schema = spec.target.schema or {}
-    return [
-        Cell(grid=spec.grid, grid_name=spec.grid_name, name=d.name, config=d.start.config,
-             target=spec.target, diff=config_diff(base_config, d.start.config, schema),
-             marks=d.marks, location=(display(d.location[0]), d.location[1]),
-             keywords=d.keywords | {spec.grid_name} | {m.name for m in d.marks},
-             launch_keys=launch_keys,
-             key_locations={k: (display(f), line) for k, (f, line) in d.start.locations.items()})
-        for d in drafts
-    ]
+    root = spec.target.places.get("root")
+    cells = []
+    for d in drafts:
+        resolved = resolve_paths(d.start.config, schema, root) if root is not None else {}
+        cells.append(Cell(
+            grid=spec.grid, grid_name=spec.grid_name, name=d.name,
+            config={**d.start.config, **{key: absolute for key, (_, absolute) in resolved.items()}},
+            target=spec.target, diff=config_diff(base_config, d.start.config, schema),
+            marks=d.marks, location=(display(d.location[0]), d.location[1]),
+            keywords=d.keywords | {spec.grid_name} | {m.name for m in d.marks},
+            launch_keys=launch_keys, resolved_paths=resolved,
+            key_locations={k: (display(f), line) for k, (f, line) in d.start.locations.items()}))
+    if problems:
+        # With the cells that could be built, so that their key errors come in the same round.
+        raise GridErrors(problems, cells=cells)
+    return cells
 
 
-def _axis_drafts(name: str, decl, start: Start, module_marks, make_id) -> list[Draft]:
+def resolve_path(value: Any, root: Path) -> str | None:
+    """The absolute path that the value of a path-valued key names, or None to keep the value.
+
+    Relative values are taken from the project root, not from the cell dir the process
+    runs in: one starting with ``./`` or ``../`` always (validation then checks that it
+    exists), any other value with a ``/`` or a leading ``.`` only when it exists there.
+    Anything else stays as written: an absolute path, a name without a ``/``
+    (``synthetic``, ``gsm8k``) and a hub name that is no local path
+    (``Qwen/Qwen2.5-1.5B-Instruct``).
+    """
+    if not isinstance(value, str) or os.path.isabs(value) or ("/" not in value and not value.startswith(".")):
+        return None
+    path = Path(root) / value
+    if value.startswith(("./", "../")) or value in (".", "..") or path.exists():
+        return str(path.resolve())
+    return None
+
+
+def resolve_paths(config: Mapping[str, Any], schema: Mapping[str, dict], root) -> dict[str, tuple[str, str]]:
+    """``key -> (as written, absolute)`` for the path-valued keys of ``config`` that
+    :func:`resolve_path` takes from the project root ``root``."""
+    out = {}
+    for key, value in config.items():
+        if schema.get(key, {}).get("path") and (absolute := resolve_path(value, root)) is not None:
+            out[key] = (value, absolute)
+    return out
+
+
+def _axis_drafts(name: str, decl, start: Start, module_marks, make_id, target: Target,
+                 launch_keys: Mapping[str, Any]) -> list[Draft]:
     missing = [k for k in decl.keys if k not in start.config]
+    where = "the cell it is on" if decl.on is not None else "the base"
+    known = None if target.schema is None else [*target.schema, *launch_keys]
+    unknown = [k for k in missing if known is not None and k not in known]
+    if unknown:
+        # A misspelt key: say so now, not "set it in the base" and then "unknown key" after that.
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        also = "" if close and close[0] in start.config else f"; {where} must set the key it sweeps"
+        raise GridError(decl.location, f"axis over {', '.join(repr(k) for k in unknown)}: no such key for "
+                                       f"target {target.name!r}{hint}{also}")
     if missing:
-        where = "the cell it is on" if decl.on is not None else "the base"
         raise GridError(decl.location, f"axis over {', '.join(repr(k) for k in missing)}: "
                                        f"{where} has no such key; set it there to sweep it"
                                        f"{did_you_mean(missing[0], start.config)}")

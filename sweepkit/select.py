@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 
 from sweepkit.cell import Cell
-from sweepkit.errors import UsageError
-from sweepkit.expression import Expression, ParseError
+from sweepkit.errors import UsageError, did_you_mean
+from sweepkit.expression import Expression, ParseError, TokenType, tokenize
 
 
 def compile_option(flag: str, text: str) -> Expression:
@@ -28,6 +28,19 @@ def mark_matcher(cell: Cell):
     """``-m``: a name matches when the cell carries a mark of exactly that name."""
     names = {m.name for m in cell.marks}
     return lambda name: name in names
+
+
+def unknown_marks(markexpr: str, cells: list[Cell]) -> None:
+    """Refuse a ``-m`` expression that names a mark no collected cell has (a typo would select
+    nothing, or, under ``not``, everything), listing the marks there are."""
+    known = sorted({m.name for c in cells for m in c.marks})
+    names = [t.value for t in tokenize(markexpr) if t.type is TokenType.IDENT]
+    missing = list(dict.fromkeys(name for name in names if name not in known))
+    if not missing:
+        return
+    lines = [f"-m {markexpr!r}: no cell has the mark {name!r}{did_you_mean(name, known, n=1)}" for name in missing]
+    lines[-1] += f"; the marks of the collected cells: {', '.join(known) or 'none'}"
+    raise UsageError(*lines)
 
 
 def by_node_ids(cells: list[Cell], wanted: dict[str, frozenset[str] | None]) -> list[Cell]:
@@ -56,6 +69,7 @@ def select(session, cells: list[Cell], wanted: dict[str, frozenset[str] | None],
         selected = [c for c in selected if expression.evaluate(keyword_matcher(c))]
     if markexpr:
         expression = compile_option("-m", markexpr)
+        unknown_marks(markexpr, cells)
         selected = [c for c in selected if expression.evaluate(mark_matcher(c))]
     if failed:
         try:

@@ -7,6 +7,7 @@ file:line where the offending key was set; one error stops the whole run.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import types
@@ -18,6 +19,7 @@ from typing import Any, Union
 from sweepkit.cell import Cell
 from sweepkit.errors import UsageError, did_you_mean
 from sweepkit.hookspec import hookimpl
+from sweepkit.profile import profile_failure
 
 
 def type_name(tp) -> str:
@@ -56,7 +58,7 @@ def check_type(value: Any, tp) -> bool:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if tp is str:
         return isinstance(value, str)
     if origin is tuple or tp is tuple:
@@ -91,11 +93,32 @@ def _same_kind(before: Any, after: Any) -> bool:
     return type(before) is type(after)
 
 
+def _finite(value: Any) -> bool:
+    """False for a NaN or an infinity, also inside a list or dict: JSON has neither, and a
+    run given one fails (or learns nothing) long after it started."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(item) for item in value)
+    if isinstance(value, Mapping):
+        return all(_finite(item) for item in value.values())
+    return True
+
+
 def key_errors(cell: Cell, launch_types: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(key, message)`` for unknown keys and wrongly typed values of one cell."""
+    """``(key, message)`` for unknown keys, non-finite numbers and wrongly typed values of one
+    cell, and relative paths that are not there."""
     errors = []
     schema = cell.target.schema
+    for key, (written, absolute) in cell.resolved_paths.items():
+        if cell.config.get(key) == absolute and not Path(absolute).exists():
+            root = cell.target.places.get("root")
+            errors.append((key, f"{key}: {written!r} is not there: a relative path in a cell is taken from the "
+                                f"project root {root}, so it names {absolute}; correct it or give an absolute path"))
     for key, value in cell.config.items():
+        if not _finite(value):
+            errors.append((key, f"{key}: expected a finite number, got {value!r}"))
+            continue
         if key in launch_types:
             tp = launch_types[key]
         elif schema is None:
@@ -139,26 +162,76 @@ def _located(cell: Cell, message: str) -> tuple[str, int]:
     return cell.location_of(head) if head in cell.config else cell.location
 
 
+Grouped = dict[tuple[str, int, str], list[str]]
+
+
+def _add(grouped: Grouped, cell: Cell, messages) -> None:
+    for message in messages:
+        file, line = _located(cell, message)
+        names = grouped.setdefault((file, line, message), [])
+        if cell.name not in names:
+            names.append(cell.name)
+
+
+def _lines(grouped: Grouped) -> list[str]:
+    lines = []
+    for (file, line, message), names in grouped.items():
+        who = names[0] if len(names) == 1 else f"{', '.join(names)} ({len(names)} cells)"
+        lines.append(f"{file}:{line}: {who}: {message}")
+    return lines
+
+
+def key_error_lines(cells, launch_types: Mapping[str, Any]) -> list[str]:
+    """The :func:`key_errors` of ``cells`` as validation shows them (``file:line: cells: message``)."""
+    grouped: Grouped = {}
+    for cell in cells:
+        _add(grouped, cell, [message for _, message in key_errors(cell, launch_types)])
+    return _lines(grouped)
+
+
+def _messages(results) -> list[str]:
+    return list(dict.fromkeys(m for messages in results for m in (messages or ())))
+
+
+def _value_rules(session):
+    """``sweep_validate_cell`` without the runner's check of the run state on disk: that
+    check is about the cells that run (under ``--profile``, the profiled ones), not about
+    the values a grid wrote."""
+    runner = session.pm.get_plugin("sweepkit.runner")
+    return session.pm.subset_hook_caller("sweep_validate_cell", remove_plugins=[runner] if runner else [])
+
+
+def _set_by_profile(cell: Cell, message: str) -> str:
+    head = message.split(":", 1)[0].strip()
+    return f"{message} (the value --profile {cell.profile} sets)" if head in cell.profile_changes else message
+
+
 def validate(session, cells: list[Cell], *, runs_dir: Path | None = None,
              outcome: str = "nothing was run") -> None:
     """Raise one UsageError listing every problem of every cell (grouped by place and message).
 
+    Under ``--profile``, each cell's values as its grid wrote them are checked first (a
+    profile must not hide a value the real run refuses), then what the profile made of them.
     An unusable runs dir is reported first and alone: plugins' checks may read run state there.
     """
     if runs_dir is not None:
         problem = runs_dir_problem(runs_dir)
         if problem:
             raise UsageError(problem, outcome)
-    grouped: dict[tuple[str, int, str], list[str]] = {}
+    grouped: Grouped = {}
+    value_rules = _value_rules(session) if any(cell.unprofiled is not None for cell in cells) else None
     for cell in cells:
-        results = session.hook.sweep_validate_cell(cell=cell, session=session)
-        for message in (m for messages in results for m in (messages or ())):
-            file, line = _located(cell, message)
-            grouped.setdefault((file, line, message), []).append(cell.name)
-    lines = []
-    for (file, line, message), names in grouped.items():
-        who = names[0] if len(names) == 1 else f"{', '.join(names)} ({len(names)} cells)"
-        lines.append(f"{file}:{line}: {who}: {message}")
+        own: list[str] = []
+        if cell.unprofiled is not None:
+            own = _messages(value_rules(cell=cell.unprofiled, session=session))
+            _add(grouped, cell.unprofiled, own)
+        failed = profile_failure(session, cell)
+        if failed is not None:  # the grid's own values above are the likely cause
+            _add(grouped, cell, [] if own else [failed])
+            continue
+        messages = _messages(session.hook.sweep_validate_cell(cell=cell, session=session))
+        _add(grouped, cell, [_set_by_profile(cell, m) for m in messages if m not in own])
+    lines = _lines(grouped)
     if lines:
         count = len(lines)
         raise UsageError(*lines, f"{count} error{'s' if count > 1 else ''} found; {outcome}")

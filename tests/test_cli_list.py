@@ -44,7 +44,7 @@ def test_list_with_profile_shows_what_it_shrank():
 def test_unknown_profile_lists_registered_ones():
     result = sweep("list", "--profile", "smok")
     assert result.returncode == 4
-    assert "--profile smok: no such profile (registered: smoke)" in result.stderr
+    assert "--profile smok: no such profile (registered: gpu, smoke)" in result.stderr
 
 
 def test_console_script_and_help():
@@ -59,11 +59,33 @@ def test_console_script_and_help():
 
 def test_missing_subcommand_is_a_usage_error():
     result = sweep()
-    assert result.returncode == 2
+    assert result.returncode == 4  # bad input; 2 means interrupted
+    assert "ERROR: sweep: the following arguments are required: COMMAND" in result.stderr
     assert "usage: sweep" in result.stderr
 
 
 def test_rerun_and_resume_exclude_each_other():
     result = sweep("run", "--rerun", "--resume")
-    assert result.returncode == 2
-    assert "not allowed with argument" in result.stderr
+    assert result.returncode == 4
+    assert "ERROR: sweep run: argument --resume: not allowed with argument --rerun" in result.stderr
+
+
+def test_a_bad_option_is_bad_input():
+    for args, message in ((("run", "--no-such-option"), "sweep: unrecognized arguments: --no-such-option"),
+                          (("run", "--max-parallel", "two"), "argument --max-parallel: invalid int value: 'two'"),
+                          (("report", "--format", "xls"), "argument --format: invalid choice: 'xls'"),
+                          (("lsit",), "argument COMMAND: invalid choice: 'lsit'")):
+        result = sweep(*args)
+        assert result.returncode == 4, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_max_parallel_needs_at_least_one_cell(tmp_path):
+    (tmp_path / "grids").mkdir()
+    (tmp_path / "grids" / "g.py").write_text(
+        'import sweepkit as sk\ntarget = sk.command("{python}", "-c", "pass")\nbase = sk.base(x=1)\n')
+    for value in ("0", "-2"):
+        result = sweep("run", "--max-parallel", value, cwd=tmp_path)
+        assert result.returncode == 4, result.stderr
+        assert f"--max-parallel {value}: expected a number of cells of at least 1" in result.stderr
+    assert not (tmp_path / "runs").exists()

@@ -1,5 +1,8 @@
 """Collection through `sweep list`: bad grid files refused with file:line, cross-grid bases, paths."""
 
+import json
+import shutil
+
 import pytest
 
 HEADER = '''
@@ -30,7 +33,70 @@ def test_exception_in_a_grid_names_its_line(sweeper):
 
 def test_a_grid_needs_a_base(sweeper):
     sweeper.grid("g", HEADER + "a = sk.cell(lr=1.0)\n")
-    refused(sweeper.run("list"), "grids/g.py: no base cell")
+    refused(sweeper.run("list"), "grids/g.py:3: no base cell; declare one with base = sk.base(...)")
+
+
+@pytest.mark.parametrize("text", ["", "\n# nothing here yet\n"])
+def test_an_empty_grid_names_its_first_line(sweeper, text):
+    sweeper.grid("g", text)
+    refused(sweeper.run("list"), "grids/g.py:1: the grid file declares nothing; declare its base "
+                                 "cell: base = sk.base(key=value, ...)")
+
+
+def test_a_binary_grid_file_is_refused_without_a_line_of_none(sweeper):
+    sweeper.write("grids/nul.py", "x = 1\n")
+    (sweeper.path / "grids/nul.py").write_bytes(b"x = 1\n\x00\x01\x02\n")
+    (sweeper.path / "grids/latin.py").write_bytes(b"import sweepkit as sk\n\xc4\xff\xfe = 1\n")
+    result = sweeper.run("list")
+    refused(result, "grids/nul.py:2: not a Python source file: it holds a NUL byte",
+            "grids/latin.py:2: not a Python source file: byte 0xc4 is not utf-8 text",
+            "2 errors found in 2 grid files")
+    assert "None" not in result.stderr, result
+
+
+@pytest.mark.parametrize("stop, shown", [("sys.exit(0)", "SystemExit(0)"), ("sys.exit(3)", "SystemExit(3)"),
+                                         ("sys.exit()", "SystemExit(None)"), ("exit('bye')", "SystemExit('bye')")])
+def test_a_grid_file_that_does_not_run_to_its_end_is_a_collection_error(sweeper, stop, shown):
+    sweeper.grid("a", HEADER + "base = sk.base(lr=1e-6)\n")
+    sweeper.grid("b", HEADER + f"import sys\nbase = sk.base(lr=1e-6)\n{stop}\nlate = sk.cell(lr=1.0)\n")
+    sweeper.grid("c", HEADER + "base = sk.base(lr=1e-6)\nn = sk.axis('n', [8])\n")
+    result = sweeper.run("run", "grids/")
+    refused(result, f"grids/b.py:5: {shown} stopped the file before its end; a grid file must run "
+                    "to its end to be collected", "grids/c.py:4: axis over 'n'", "2 errors found in 2 grid files")
+    assert not (sweeper.path / "runs").exists()
+    assert sweeper.run("list", "grids/a.py").ret == 0
+
+
+def test_collection_errors_come_with_the_key_errors_of_the_cells_in_one_round(sweeper):
+    sweeper.grid("g", '''import sweepkit as sk
+base = sk.base(lr=1e-6, n_samples_per_prompt=4, lrr=3.0)
+n = sk.axis("n_sample_per_prompt", [8, 16])
+slow = sk.cell(lr="fast")
+''')
+    result = sweeper.run("run")
+    refused(result, "grids/g.py:3: axis over 'n_sample_per_prompt': no such key for target 'trainer' "
+                    "(did you mean 'n_samples_per_prompt'?)",
+            "grids/g.py:2: base, slow (2 cells): lrr: unknown key for target 'trainer' (did you mean 'lr'?)",
+            "grids/g.py:4: slow: lr: expected float, got 'fast' (str)",
+            "3 errors found; nothing was run")
+
+
+def test_marks_need_names_that_select_and_xfail_needs_a_reason(sweeper):
+    sweeper.grid("g", HEADER + '''marks = [getattr(sk.mark, "not a mark; rm -rf")]
+base = sk.base(lr=1e-6)
+probe = sk.cell(lr=1.0, marks=sk.mark.xfail)
+strict = sk.cell(lr=2.0, marks=[sk.mark.xfail(strict=True)])
+empty = sk.cell(lr=3.0, marks=sk.mark.xfail(reason=""))
+lr = sk.axis("lr", [4.0, sk.param(5.0, marks=sk.Mark(name="or"))])
+fine = sk.cell(lr=6.0, marks=[sk.mark.xfail(reason="OOM"), sk.mark.slow_2])
+''')
+    result = sweeper.run("list")
+    need = "xfail needs a reason: sk.mark.xfail(reason=\"...\"), shown next to XFAIL"
+    refused(result, "grids/g.py:3: mark 'not a mark; rm -rf': a mark name must be a Python identifier "
+                    "other than and, or, not, so that -m can select it",
+            f"grids/g.py:5: {need}", f"grids/g.py:6: {need}", f"grids/g.py:7: {need}",
+            "grids/g.py:8: mark 'or': a mark name must be", "5 errors found")
+    assert "grids/g.py:9" not in result.stderr, result
 
 
 def test_axis_over_a_key_the_base_lacks(sweeper):
@@ -185,3 +251,68 @@ bigger = sk.cell(model="Qwen/Qwen2.5-7B-Instruct")
     assert result.ret == 0, result
     assert "grids/g.py::base" in result.stdout and "grids/g.py::bigger" in result.stdout
     assert "smoke: model=tiny-random dataset=synthetic" in result.stdout
+
+
+PATHS_TARGET = '''
+import sweepkit as sk
+READ = ("import json, pathlib; c = json.load(open('config.json')); "
+        "pathlib.Path('seen.txt').write_text(open(c['data'] + '/rows.txt').read())")
+PATH_KEY = {"type": str, "type_name": "str", "default": None, "doc": "", "path": True}
+SCHEMA = {"data": PATH_KEY, "model": PATH_KEY, "name": {**PATH_KEY, "path": False}}
+target = sk.command("{python}", "-c", READ, schema=SCHEMA)
+'''
+
+
+def test_relative_paths_of_path_keys_are_taken_from_the_project_root(sweeper, tmp_path):
+    (tmp_path / "shared/data").mkdir(parents=True)
+    (tmp_path / "shared/data/rows.txt").write_text("from shared\n")
+    sweeper.write("local/data/rows.txt", "from the project\n")
+    sweeper.grid("g", PATHS_TARGET + '''
+base = sk.base(data="../shared/data", model="Qwen/Qwen2.5-1.5B-Instruct", name="./kept")
+here = sk.cell(data="local/data", model="local/data")
+dot = sk.cell(data="./local/data")
+''')
+    result = sweeper.run("run")
+    assert result.ret == 0, result
+    cells = sweeper.path / "runs/g"
+    config = json.loads((cells / "base/config.json").read_text())
+    assert config == {"data": str(tmp_path / "shared/data"), "model": "Qwen/Qwen2.5-1.5B-Instruct", "name": "./kept"}
+    assert (cells / "base/seen.txt").read_text() == "from shared\n"
+    here = json.loads((cells / "here/config.json").read_text())
+    assert here["data"] == here["model"] == str(sweeper.path / "local/data")
+    assert (cells / "dot/seen.txt").read_text() == "from the project\n"
+    assert "grids/g.py::here  data=local/data model=local/data" in sweeper.run("list").stdout
+
+    # The config hash holds the paths as written: the project moved elsewhere has the same cells.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copytree(sweeper.path, moved / "project")
+    shutil.copytree(tmp_path / "shared", moved / "shared")
+    again = sweeper.run("--rootdir", str(moved / "project"), "--runs-dir", str(moved / "project/runs"),
+                        "run", str(moved / "project/grids"))
+    assert again.ret == 0, again
+    assert again.stdout.count("SKIPPED") == 3, again
+
+
+def test_a_relative_path_that_is_not_there_is_refused(sweeper):
+    sweeper.grid("g", PATHS_TARGET + '''
+base = sk.base(data="../shared/data/gsm8k", model="Qwen/Qwen2.5-1.5B-Instruct")
+other = sk.cell(data="./data/none")
+hub = sk.cell(data="org/dataset-on-the-hub")
+''')
+    result = sweeper.run("run")
+    root = sweeper.path
+    refused(result, f"grids/g.py:8: base: data: '../shared/data/gsm8k' is not there: a relative path in a "
+                    f"cell is taken from the project root {root}, so it names {root.parent}/shared/data/gsm8k",
+            "grids/g.py:9: other: data: './data/none' is not there",
+            "2 errors found; nothing was run")
+
+
+def test_the_trainer_target_says_which_keys_are_paths(sweeper):
+    from trainer.config import schema
+
+    assert [key for key, spec in schema().items() if spec.get("path")] == ["model", "dataset"]
+    sweeper.grid("g", '''import sweepkit as sk
+base = sk.base(model="Qwen/Qwen2.5-1.5B-Instruct", dataset="../shared/data/gsm8k")
+''')
+    refused(sweeper.run("list"), "grids/g.py:2: base: dataset: '../shared/data/gsm8k' is not there")

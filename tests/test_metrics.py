@@ -55,3 +55,37 @@ def test_follower_reads_only_complete_lines_and_sees_a_restarted_file(tmp_path):
 
 def test_warmup_steps():
     assert [metrics.warmup_steps(n) for n in (0, 1, 2, 10, 19, 20, 233)] == [0, 0, 1, 1, 1, 2, 23]
+
+
+def test_a_record_whose_step_is_no_integer_is_left_out_and_named(tmp_path):
+    lines = [{"kind": "train", "step": 1, "reward/mean": 0.1}, {"kind": "train", "step": "five", "reward/mean": 0.5},
+             {"kind": "train", "step": True, "reward/mean": 0.6}, {"kind": 3, "step": 2},
+             {"kind": "train", "step": 2, "reward/mean": 0.2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records = metrics.read_records(tmp_path)
+    assert [(r["kind"], r["step"]) for r in records] == [("train", 1), ("train", 2)]
+    assert metrics.summary(tmp_path).step == 2
+    problems = metrics.bad_lines(tmp_path)
+    assert problems == [(2, "step 'five' is not an integer"), (3, "step True is not an integer"),
+                        (4, "kind 3 is not a string")]
+
+
+def test_status_and_report_skip_a_bad_metrics_line_and_name_it(sweeper):
+    from test_run import script_grid
+
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    script_grid(sweeper, "g", "other = sk.cell(steps=2)", steps=3, sleep=0.0)
+    assert sweeper.run("run").ret == 0
+    path = sweeper.path / "runs/g/base/metrics.jsonl"
+    with open(path, "a") as handle:
+        handle.write(json.dumps({"kind": "train", "step": "five", "timing/step": 1.0}) + "\n")
+    n = len(path.read_text().splitlines())
+    for command in (("status",), ("report", "--format", "csv")):
+        result = sweeper.run(*command)
+        assert result.ret == 0, result
+        assert "Traceback" not in result.output, result
+        assert f"runs/g/base/metrics.jsonl:{n}: step 'five' is not an integer; the line is left out" in result.stderr
+    report = sweeper.run("report", "--format", "json")
+    tables = [json.loads(line) for line in report.stdout.splitlines() if line.startswith("{")]
+    rows = {row["cell"]: row for row in tables[0]["rows"]}
+    assert rows["base"]["steps"] == 3 and rows["other"]["steps"] == 2

@@ -42,6 +42,19 @@ def test_mark_expression(sweeper):
                                                           "combo_C"]
 
 
+def test_a_mark_no_cell_has_is_refused_with_the_known_marks(sweeper):
+    sweeper.grid("g", GRID)
+    for expression in ("slo", "not slo", "xfail or (slow and fast)"):
+        result = sweeper.run("run", "-m", expression)
+        assert result.ret == 4, result
+        assert "Traceback" not in result.output, result
+    result = sweeper.run("list", "-m", "not slo")
+    assert "ERROR: -m 'not slo': no cell has the mark 'slo' (did you mean 'slow'?); " \
+           "the marks of the collected cells: slow, xfail" in result.stderr, result
+    assert "no cell has the mark 'fast'" in sweeper.run("list", "-m", "xfail or (slow and fast)").stderr
+    assert not (sweeper.path / "runs").exists()
+
+
 def test_node_ids(sweeper):
     sweeper.grid("g", GRID)
     result = sweeper.run("list", "grids/g.py::combo_C", "grids/g.py::base")

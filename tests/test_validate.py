@@ -76,3 +76,61 @@ def test_check_type_follows_json_and_annotations():
     assert check_type(None, Optional[int]) and check_type([0.9, 0.99], tuple[float, float])
     assert not check_type([0.9], tuple[float, float])
     assert check_type({"A": "1"}, dict[str, str]) and not check_type({"A": 1}, dict[str, str])
+
+
+def test_nan_and_inf_are_refused_for_every_target(sweeper):
+    sweeper.grid("g", '''
+import sweepkit as sk
+base = sk.base(lr=float("nan"))
+high = sk.cell(lr=float("inf"), adam_betas=(0.9, float("-inf")))
+''')
+    sweeper.grid("h", '''
+import sweepkit as sk
+target = sk.command("{python}", "-c", "pass")
+base = sk.base(scale=1.0, env={})
+odd = sk.cell(scale=float("nan"), mem_gb=float("inf"))
+''')
+    result = sweeper.run("run")
+    assert result.ret == 4, result
+    err = result.stderr
+    assert "grids/g.py:2: base: lr: expected a finite number, got nan" in err
+    assert "grids/g.py:3: high: lr: expected a finite number, got inf" in err
+    assert "grids/g.py:3: high: adam_betas: expected a finite number, got (0.9, -inf)" in err
+    assert "grids/h.py:4: odd: scale: expected a finite number, got nan" in err
+    assert "grids/h.py:4: odd: mem_gb: expected a finite number, got inf" in err
+    assert "5 errors found; nothing was run" in err
+    assert_nothing_ran(sweeper)
+
+
+def test_a_profile_does_not_hide_the_grids_own_values(sweeper):
+    sweeper.grid("g", '''
+import sweepkit as sk
+base = sk.base(model="Qwen/Qwen2.5-1.5B-Instruct", train_batch_size=-32, policy_mini_batch_size=32)
+four = sk.cell(train_batch_size=32, gpus="four")
+text = sk.cell(train_batch_size="64")
+''')
+    for command in (("run", "--profile", "smoke", "--dry-run"), ("list", "--profile", "smoke")):
+        result = sweeper.run(*command)
+        assert result.ret == 4, result
+        err = result.stderr
+        assert "Traceback" not in result.output, result
+        assert "grids/g.py:2: base: train_batch_size: must be > 0, got -32" in err
+        assert "grids/g.py:3: four: gpus: expected int, got 'four' (str)" in err
+        assert "grids/g.py:4: text: train_batch_size: expected int, got '64' (str)" in err
+    assert "3 errors found; nothing was run" in sweeper.run("run", "--profile", "smoke", "--dry-run").stderr
+    assert_nothing_ran(sweeper)
+
+
+def test_the_values_a_profile_sets_are_validated_after_the_grids(sweeper):
+    sweeper.write("sweepconf.py", '''
+from sweepkit import hookimpl
+
+@hookimpl
+def sweep_register_profiles(register):
+    register("broken", lambda config, target: {"top_p": 1.5}, "sets a value the trainer refuses")
+''')
+    sweeper.grid("g", 'import sweepkit as sk\nbase = sk.base(top_p=0.9)\n')
+    result = sweeper.run("run", "--profile", "broken", "--dry-run")
+    assert result.ret == 4, result
+    assert "grids/g.py:2: base: top_p: must be in (0, 1], got 1.5 (the value --profile broken sets)" in result.stderr
+    assert "1 error found" in result.stderr

@@ -67,8 +67,10 @@ def _choice(choices):
     return check
 
 
-def _doc(text: str) -> dict:
-    return {"doc": text}
+def _doc(text: str, *, path: bool = False) -> dict:
+    """Field metadata: its help text, and whether its value may be a filesystem path (a
+    sweep takes such a value, when relative, from the project root, not the cell dir)."""
+    return {"doc": text, "path": path}
 
 
 @attrs.frozen(kw_only=True)
@@ -77,10 +79,10 @@ class TrainerConfig:
 
     # -- model and data ------------------------------------------------------
     model: str = attrs.field(default="tiny-random", metadata=_doc(
-        "HF model path or hub name, or 'tiny-random' (built locally, no download)."))
+        "HF model path or hub name, or 'tiny-random' (built locally, no download).", path=True))
     dataset: str = attrs.field(default="synthetic", metadata=_doc(
         "'synthetic' (built-in learnable task), 'gsm8k' (hub, needs network), or a "
-        "directory / .jsonl / .parquet path holding GSM8K-style question/answer rows."))
+        "directory / .jsonl / .parquet path holding GSM8K-style question/answer rows.", path=True))
     train_split: str = attrs.field(default="train", metadata=_doc("split used for training"))
     eval_split: str = attrs.field(default="test", metadata=_doc("held-out split for eval"))
     eval_limit: Optional[int] = attrs.field(default=None, validator=_positive, metadata=_doc(
@@ -307,7 +309,8 @@ def check_type(key: str, value: Any, tp) -> Any:
 
 
 def schema() -> dict[str, dict[str, Any]]:
-    """Every key of :class:`TrainerConfig`: ``{name: {"type", "type_name", "default", "doc"}}``.
+    """Every key of :class:`TrainerConfig`: ``{name: {"type", "type_name", "default", "doc", "path"}}``;
+    ``path`` is True for the keys whose value may be a filesystem path (``model``, ``dataset``).
 
     Published for sweepkit's validation of grid files; needs neither torch nor transformers.
     """
@@ -319,5 +322,6 @@ def schema() -> dict[str, dict[str, Any]]:
             "type_name": _type_name(hints[field.name]),
             "default": field.default,
             "doc": field.metadata.get("doc", ""),
+            "path": field.metadata.get("path", False),
         }
     return out
