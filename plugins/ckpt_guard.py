@@ -7,8 +7,9 @@ built-in trainer's checkpoints stay in its cell dir) gets its own checkpoint dir
 cells share one (a shared dir made later cells silently resume another cell's steps). The
 plugin names that dir to sweepkit's plan (``sweep_cell_ckpt_dir``), so a rerun of a cell
 with checkpoints there stops and asks for ``--resume`` or ``--rerun``, and ``--resume``
-resumes from them, exactly as for checkpoints in the cell dir. Before a cell starts, its
-dir is wiped only when all of these hold:
+resumes from them, exactly as for checkpoints in the cell dir. When the cell's job starts
+it (never earlier: a sweep stopped before it got to a cell leaves that cell's steps),
+its dir is wiped only when all of these held as the driver prepared the cell:
 
 - the user asked for a fresh start (``sweep run --rerun``), which is the explicit fresh
   mode the wipe waits for whatever the cell's own ``resume_mode``: a ``"latest"`` cell
@@ -18,15 +19,20 @@ dir is wiped only when all of these hold:
 - the wipe is not switched off (``clean_ckpt=False`` or ``CLEAN_CKPT=0``).
 
 What it deletes (the ``global_step_*`` entries and the trainer's latest-step pointer) is
-printed before it is deleted. An unset or unknown resume mode is an error before any
-deletion: a script whose resume mode never arrived once fell back to "fresh" and deleted
-the checkpoint it was meant to resume (2026-06-24).
+printed when the cell is prepared, before it is deleted; the job deletes the entries of
+the dir as resolved then, and nothing if a symlink has appeared on the way to it since. An
+unset or unknown resume mode is an error before any deletion: a script whose resume mode
+never arrived once fell back to "fresh" and deleted the checkpoint it was meant to resume
+(2026-06-24).
+
+A relative root (``CHECKPOINTS_DIR=ckpts``) is taken relative to the directory ``sweep``
+runs in and made absolute here, in the driver, for the plan and for the cell alike: the
+cell's process runs in its cell dir, where the same relative path names another place.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Optional
@@ -83,31 +89,29 @@ def inside_root(path: Path, root: Path) -> Path:
 
 
 def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
-                 announce: Callable[[str], None] = print) -> list[Path]:
-    """Delete a fresh run's old checkpoints in ``ckpt_dir``; return what was deleted.
+                 announce: Callable[[str], None] = print) -> Path | None:
+    """Check and announce the wipe of a fresh run's old checkpoints in ``ckpt_dir``; return
+    the dir, resolved, whose checkpoint entries the cell's job deletes as it starts the
+    cell (:func:`sweepkit.state.delete_checkpoint_entries`), or None: nothing to delete.
 
-    Checks, before anything is deleted: the resume mode (unset or unknown raises, a resume
-    deletes nothing), that the dir resolves inside ``root``, then ``clean``. Entries that
-    are symlinks are unlinked, never followed.
+    Checks, before anything is announced: the resume mode (unset or unknown raises, a
+    resume deletes nothing), that the dir resolves inside ``root``, then ``clean``. Entries
+    that are symlinks are unlinked, never followed.
     """
     if not is_fresh(resume_mode):
-        return []
+        return None
     resolved = inside_root(ckpt_dir, root)
     entries = st.checkpoint_entries(resolved)
     if not entries:
-        return []
+        return None
     names = ", ".join(entry.name for entry in entries)
     if not clean:
         announce(f"keeping {len(entries)} checkpoint entries in {resolved} ({names}): "
                  f"the wipe is switched off (clean_ckpt=False / {CLEAN_ENV}=0)")
-        return []
-    announce(f"WARNING: fresh run: deleting {len(entries)} checkpoint entries in {resolved}: {names}")
-    for entry in entries:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    return entries
+        return None
+    announce(f"WARNING: fresh run: deleting {len(entries)} checkpoint entries in {resolved} "
+             f"when the cell starts: {names}")
+    return resolved
 
 
 # -- the cell's side --------------------------------------------------------------------------
@@ -119,12 +123,17 @@ def takes_sweep_ckpt_dir(cell) -> bool:
     return any("{ckpt_dir}" in part for part in cell.target.argv)
 
 
+def absolute(path: str) -> Path:
+    """A path the user gave (``$VARS`` and ``~`` expanded), relative to the directory sweep runs in."""
+    return Path(os.path.expandvars(str(path))).expanduser().absolute()
+
+
 def checkpoint_root(cell, environ: Mapping[str, str]) -> Path | None:
     """The checkpoint root of a cell whose target keeps checkpoints outside the cell dir."""
     if takes_sweep_ckpt_dir(cell):
         return None
     root = cell.launch().get("ckpt_root") or environ.get(ROOT_ENV)
-    return Path(os.path.expandvars(str(root))).expanduser() if root else None
+    return absolute(root) if root else None
 
 
 def cell_ckpt_dir(cell, root: Path) -> Path:
@@ -143,7 +152,7 @@ def export_dir(cell, environ: Mapping[str, str]) -> Path | None:
     """Where the final model is exported: ``export_path``, else ``<ckpt dir>/export``."""
     explicit = cell.launch().get("export_path")
     if explicit:
-        return Path(os.path.expandvars(str(explicit))).expanduser()
+        return absolute(explicit)
     directory = ckpt_dir_of(cell, environ)
     return directory / "export" if directory is not None else None
 
@@ -203,7 +212,7 @@ def sweep_cell_ckpt_dir(cell, session):
 def sweep_prepare_cell_dir(cell, cell_dir, fresh, rerun, session):
     directory = ckpt_dir_of(cell, os.environ)
     if directory is None:
-        return
+        return []
 
     def announce(line: str) -> None:
         session.console.print(f"{cell.nodeid}: {line}", markup=False)
@@ -211,16 +220,18 @@ def sweep_prepare_cell_dir(cell, cell_dir, fresh, rerun, session):
     # sweepkit's plan decides first: a planned resume never deletes, whatever the cell says;
     # a fresh plan deletes only on --rerun. Checkpoints that appeared after a plain run's
     # plan found none are kept: nobody asked to lose them.
+    wipe = None
     if rerun:
         # --rerun is the explicit fresh start the wipe waits for, whatever the cell's own
         # resume_mode (a 'latest' cell would otherwise go on from the steps --rerun promised
         # to delete, while sweepkit started its metrics over).
-        guarded_wipe(directory, checkpoint_root(cell, os.environ), None,
-                     clean=clean_enabled(cell, os.environ), announce=announce)
+        wipe = guarded_wipe(directory, checkpoint_root(cell, os.environ), None,
+                            clean=clean_enabled(cell, os.environ), announce=announce)
     elif fresh and (kept := st.checkpoint_entries(directory)):
         announce(f"keeping {len(kept)} checkpoint entries in {directory} "
                  f"({', '.join(entry.name for entry in kept)}): only --rerun deletes them")
     directory.mkdir(parents=True, exist_ok=True)
+    return [wipe] if wipe is not None else []
 
 
 @hookimpl
@@ -228,4 +239,8 @@ def sweep_cell_env(cell, session):
     directory = ckpt_dir_of(cell, os.environ)
     if directory is None:
         return {}
-    return {"CKPT_DIR": str(directory), "EXPORT_PATH": str(export_dir(cell, os.environ))}
+    env = {"CKPT_DIR": str(directory), "EXPORT_PATH": str(export_dir(cell, os.environ))}
+    root = os.environ.get(ROOT_ENV)
+    if root and absolute(root) != Path(os.path.expandvars(root)).expanduser():
+        env[ROOT_ENV] = str(absolute(root))  # a relative root the cell inherits would name another dir there
+    return env

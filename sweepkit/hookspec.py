@@ -158,6 +158,11 @@ def sweep_validate_cell(cell: "Cell", session: "Session") -> "list[str]":
     :return: error messages (empty when fine). The messages of every plugin for
         every cell are reported together, with the cell id and the file:line of
         its declaration; if there is any, nothing runs.
+
+    Under ``--profile`` it is called twice per cell: first for the cell as its grid wrote
+    it (``cell.profile`` None; every implementation but the runner's check of the run
+    state on disk, which is about the cells that run), then for the profiled cell, whose
+    new messages about keys the profile set say so.
     """
 
 
@@ -183,12 +188,18 @@ def sweep_cell_ckpt_dir(cell: "Cell", session: "Session") -> "Path | None":
 
 
 @hookspec
-def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, rerun: bool, session: "Session") -> None:
-    """Called before a cell starts, with its directory created.
+def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, rerun: bool,
+                           session: "Session") -> "list[Path]":
+    """Called in the driver when it has marked the cell pending and created its directory,
+    before the cell is handed to its executor (which may start it much later, or never).
 
     :param fresh: True for a fresh run (empty checkpoint dir), False for a resume.
     :param rerun: the user asked to start the cell over (``sweep run --rerun``): the only
         case in which checkpoints it has are to be deleted.
+    :return: checkpoint dirs outside the cell dir (checked, resolved) whose
+        :func:`sweepkit.state.checkpoint_entries` the cell's job deletes as it starts the
+        cell; an empty list for none. Delete nothing here: a sweep stopped before it gets
+        to the cell must leave its checkpoints.
     """
 
 

@@ -2,8 +2,11 @@
 
 ``run_cell`` is the function submitit pickles: it takes the cell's ``.lock`` (blocking, so
 a second job for the same cell waits instead of running alongside), checks that it is
-still the job the last driver asked for, records the attempt, runs the cell's command as
-a child process with its output in ``stdout.log`` / ``stderr.log``, and records the end.
+still the job the last driver asked for, starts a fresh run over (deletes what
+``CellJob.fresh`` names of the cell's earlier run, here and never earlier, so that a sweep
+stopped before it got to a cell leaves that cell's earlier run whole), records the
+attempt, runs the cell's command as a child process with its output in ``stdout.log`` /
+``stderr.log``, and records the end.
 It imports only the standard library, attrs and ``sweepkit.state``, so a job starts fast.
 """
 
@@ -18,6 +21,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -33,13 +37,34 @@ def _str_tuple(values) -> tuple[str, ...]:
 
 
 @attrs.frozen(kw_only=True)
+class FreshStart:
+    """What the job of a fresh run does before the cell's command starts, and only then.
+
+    The earlier run's ``metrics.jsonl`` and logs go; with ``rerun`` (``sweep run --rerun``)
+    every entry of the cell dir's ``ckpt/`` (never through a ``ckpt/`` linked out of the
+    cell dir) and the checkpoint entries of ``checkpoint_dirs``, the dirs outside the cell
+    dir that a plugin keeps its checkpoints in and checked (``sweep_prepare_cell_dir``).
+    Then the new attempt's ``files`` (``cell.json``, ``config.json``) are written and its
+    ``config_hash`` / ``profile`` recorded: until now they described the earlier run.
+    """
+
+    rerun: bool = False
+    checkpoint_dirs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    files: Mapping[str, Any] = attrs.field(factory=dict)
+    config_hash: str
+    profile: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class CellJob:
     """Everything needed to run one cell, independent of the grid file (picklable).
 
     ``env`` is added to the job's inherited environment; it already holds the ``SWEEP_*``
     variables, the hooks' variables and, for GPU placement, ``CUDA_VISIBLE_DEVICES``.
     ``resume_argv`` is the command of the same cell continued from its latest checkpoint
-    (what a chain link after the head runs); empty: ``argv``.
+    (what a chain link after the head runs); empty: ``argv``. ``fresh`` is what a fresh
+    run deletes and writes when it starts; a resumed job (``resume``, which every chain
+    link after the head is) ignores it and goes on from what is there.
     """
 
     nodeid: str
@@ -51,6 +76,7 @@ class CellJob:
     resume: bool = False
     token: str
     executor: str
+    fresh: FreshStart | None = None
 
 
 def current_job_id() -> str | None:
@@ -78,11 +104,21 @@ def run_cell(job: CellJob, job_id: str | None = None, *, reraise_interrupt: bool
     lock = st.CellLock(directory)
     lock.acquire(blocking=True)
     try:
-        attempt = _start_attempt(job, directory, job_id or current_job_id())
+        if not _is_current(job, directory):
+            return "superseded"  # and deletes nothing: the cell is another job's now
+        if _already_completed(job, directory):
+            return "completed"  # the same submission ran the cell to its end (a requeued job)
+        deleted, refused = _start_over(job, directory)
+        attempt = _start_attempt(job, directory, job_id or current_job_id(), deleted, refused)
         if attempt is None:
             return "superseded"
+        if refused is not None:
+            return "failed"
         returncode, failure, final, interruption = _run_child(job, directory, lock.fd)
-        _finish_attempt(directory, attempt.n, returncode, failure, final)
+        # The interrupt that reached this job may come again (the driver cancels its jobs
+        # after the terminal's Ctrl-C): it is the same request, and must not cut the record short.
+        with _ignoring(signal.SIGINT) if interruption is not None else contextlib.nullcontext():
+            _finish_attempt(directory, attempt.n, returncode, failure, final)
         if reraise_interrupt and isinstance(interruption, KeyboardInterrupt):
             raise interruption
         return final
@@ -90,12 +126,50 @@ def run_cell(job: CellJob, job_id: str | None = None, *, reraise_interrupt: bool
         lock.release()
 
 
-def _start_attempt(job: CellJob, directory: Path, job_id: str | None) -> st.Attempt | None:
+def _is_current(job: CellJob, directory: Path) -> bool:
+    """The last driver's submission of the cell is this job's (while this job holds the
+    cell's lock, no driver can submit the cell again)."""
+    state = st.read_state(directory)
+    return state is not None and state.submission is not None and state.submission.token == job.token
+
+
+def _already_completed(job: CellJob, directory: Path) -> bool:
+    """This job's submission has completed the cell already: SLURM requeued a job that had
+    finished (a restarted controller does), and the cell is not trained again."""
+    state = st.read_state(directory)
+    return (state is not None and state.state == "completed" and state.submission is not None
+            and state.submission.token == job.token and bool(state.attempts))
+
+
+def _start_over(job: CellJob, directory: Path) -> tuple[tuple[str, ...], str | None]:
+    """Do what ``job.fresh`` says; returns what was deleted and, if a deletion was refused
+    (or failed), why the cell is not started."""
+    fresh = job.fresh
+    if fresh is None or job.resume:
+        return (), None
+    deleted: list[Path] = []
+    try:
+        if fresh.rerun:
+            deleted += st.wipe_checkpoints(directory)
+        for path in fresh.checkpoint_dirs:
+            deleted += st.delete_checkpoint_entries(Path(path))
+    except (st.DeletionRefused, OSError) as error:
+        return tuple(map(str, deleted)), f"not started: {error}"
+    for name in (st.METRICS_FILE, st.STDOUT_FILE, st.STDERR_FILE):
+        (directory / name).unlink(missing_ok=True)
+    for name, data in fresh.files.items():
+        st.write_json(directory / name, data)
+    return tuple(map(str, deleted)), None
+
+
+def _start_attempt(job: CellJob, directory: Path, job_id: str | None, deleted: tuple[str, ...] = (),
+                   refused: str | None = None) -> st.Attempt | None:
     started: list[st.Attempt] = []
 
     def change(state: st.CellState | None) -> st.CellState | None:
         if state is None or state.submission is None or state.submission.token != job.token:
             return None
+        now = time.time()
         attempt = st.Attempt(
             n=len(state.attempts) + 1,
             executor=job.executor,
@@ -104,10 +178,17 @@ def _start_attempt(job: CellJob, directory: Path, job_id: str | None) -> st.Atte
             pid=os.getpid(),
             resume=job.resume,
             devices=job.env.get("CUDA_VISIBLE_DEVICES"),
-            started=time.time(),
+            started=now,
+            ended=now if refused is not None else None,
+            failure=refused,
+            deleted=deleted,
         )
         started.append(attempt)
-        return attrs.evolve(state, state="running", attempts=(*state.attempts, attempt))
+        if refused is not None:  # the earlier run's files (what is left of them) stay its own
+            return attrs.evolve(state, state="failed", attempts=(*state.attempts, attempt))
+        if job.fresh is not None and not job.resume:
+            state = attrs.evolve(state, config_hash=job.fresh.config_hash, profile=job.fresh.profile)
+        return attrs.evolve(state, state="running", attempts=(*state.attempts, attempt), previous=None)
 
     st.update_state(directory, change)
     return started[0] if started else None
@@ -133,6 +214,8 @@ def _run_child(job: CellJob, directory: Path, lock_fd: int):
             returncode = child.wait()
         except BaseException as interruption:  # KeyboardInterrupt, submitit's timeout, SystemExit
             _terminate(child)
+            if child.returncode == 0:  # it had reached its end: there was nothing left to stop
+                return 0, None, "completed", interruption
             failure = f"interrupted: {type(interruption).__name__} {interruption}".strip()
             return child.returncode, failure, "cancelled", interruption
     if returncode == 0:

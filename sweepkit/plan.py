@@ -21,7 +21,13 @@ plugin keeps elsewhere (a SkyRL cell's ``$CHECKPOINTS_DIR/<grid>/<cell>``), the
 ``global_step_*`` entries and latest-step pointer of that directory
 (:func:`sweepkit.state.checkpoint_entries`): the plugin names it through
 ``sweep_cell_ckpt_dir`` (:func:`checkpoint_dir`), the same answer its guarded wipe acts on.
-Only ``--rerun`` deletes checkpoints.
+Only ``--rerun`` deletes checkpoints, and a ``--rerun`` of a cell whose ``ckpt/`` is a
+symlink out of its cell dir is refused (nothing is deleted through it).
+
+Nothing of a cell's earlier run is deleted when it is planned or prepared: the job that
+starts the fresh attempt deletes it (``sweepkit.job.FreshStart``), so a sweep stopped
+before it got to a cell leaves that cell's run whole, and a driver that gives up a
+pending attempt puts the cell's earlier state back (:func:`mark_cancelled`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from pathlib import Path
 import attrs
 
 from sweepkit import state as st
-from sweepkit.job import CellJob
+from sweepkit.job import CellJob, FreshStart
 
 FRESH, RESUME, SKIP, ATTACH = "fresh", "resume", "skip", "attach"
 
@@ -85,6 +91,9 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
                     note=f"queued as {submission.executor} job {submission.job_id}")
     changed = state is not None and state.config_hash != cell.config_hash()
     if rerun:
+        refusal = st.ckpt_link_refusal(directory)
+        if refusal is not None:
+            raise PlanError(refusal)
         return Plan(cell=cell, directory=directory, action=FRESH, note="--rerun", rerun=True)
     if state is not None and state.state == "completed":
         if changed and state.profile != cell.profile:
@@ -179,65 +188,89 @@ def make_job(plan: Plan, executor: str, session) -> CellJob:
         resume=resume,
         token=uuid.uuid4().hex,
         executor=executor,
+        # The plugins' checkpoint dirs to empty are added once the cell is prepared.
+        fresh=None if resume else FreshStart(rerun=plan.rerun, files=cell_files(plan),
+                                             config_hash=cell.config_hash(), profile=cell.profile),
     )
 
 
-def write_cell_files(plan: Plan) -> list[Path]:
-    """Create the cell dir and its ``cell.json`` / ``config.json``; for a fresh run empty
-    the checkpoint dir and the metrics file. Returns the checkpoint entries deleted."""
+def cell_files(plan: Plan) -> dict[str, object]:
+    """The files that describe the cell's coming attempt, by name: ``cell.json``, ``config.json``."""
+    return {st.CELL_FILE: st.cell_record(plan.cell), st.CONFIG_FILE: target_config(plan.cell, plan.action == RESUME)}
+
+
+def write_cell_files(plan: Plan, state: st.CellState) -> None:
+    """Create the cell dir, its ``ckpt/`` and its ``cell.json`` / ``config.json``, unless the
+    dir holds an earlier run that a fresh attempt replaces (``state.previous``): that run's
+    files describe it until the job starts the attempt, which writes them then. Nothing is
+    deleted here (the job does that too)."""
     directory = plan.directory
     directory.mkdir(parents=True, exist_ok=True)
-    resume = plan.action == RESUME
-    st.write_json(directory / st.CELL_FILE, st.cell_record(plan.cell))
-    st.write_json(directory / st.CONFIG_FILE, target_config(plan.cell, resume))
-    deleted: list[Path] = []
-    if plan.rerun:  # checkpoints that appeared after a plain run's plan found none are kept
-        deleted = st.wipe_checkpoints(directory)
-    if not resume:
-        (directory / st.METRICS_FILE).unlink(missing_ok=True)
-    (directory / st.CKPT_DIR).mkdir(exist_ok=True)
-    return deleted
+    if state.previous is None:
+        for name, data in cell_files(plan).items():
+            st.write_json(directory / name, data)
+    if not (directory / st.CKPT_DIR).is_symlink():
+        (directory / st.CKPT_DIR).mkdir(exist_ok=True)
 
 
-def mark_pending(plan: Plan, driver: Path) -> bool:
-    """Record that this driver (holding the lock file ``driver``) will run the cell; False
-    when a job took its lock meanwhile."""
+def _earlier_run(state: st.CellState | None) -> str | None:
+    """The state of the earlier run whose files a fresh attempt will start over, if any."""
+    if state is None or not state.attempts:
+        return None
+    return state.previous or state.state  # a fresh attempt that never started leaves the run before it
+
+
+def mark_pending(plan: Plan, driver: Path) -> st.CellState | None:
+    """Record that this driver (holding the lock file ``driver``) will run the cell; returns
+    the state written, None when a job took its lock meanwhile. A fresh attempt over an
+    earlier run leaves the run's ``config_hash`` and ``profile`` (they describe its files
+    until the job starts the attempt) and remembers its state in ``previous``."""
     cell = plan.cell
-    taken = []
+    written: list[st.CellState] = []
 
     def change(state: st.CellState | None) -> st.CellState | None:
         if st.is_locked(plan.directory):
-            taken.append(True)
             return None
-        return st.CellState(
-            nodeid=cell.nodeid, state="pending", config_hash=cell.config_hash(), profile=cell.profile,
+        previous = _earlier_run(state) if plan.action == FRESH else None
+        written.append(st.CellState(
+            nodeid=cell.nodeid, state="pending",
+            config_hash=state.config_hash if previous else cell.config_hash(),
+            profile=state.profile if previous else cell.profile,
             attempts=state.attempts if state else (), submission=None,
-            driver=str(driver),
-        )
+            driver=str(driver), previous=previous,
+        ))
+        return written[0]
 
     st.update_state(plan.directory, change)
-    return not taken
+    return written[0] if written else None
 
 
 def mark_cancelled(plan: Plan, driver: Path) -> None:
-    """Record as cancelled a cell this driver marked pending and never started."""
+    """Record as cancelled a cell this driver marked pending and never started; one whose
+    earlier run the attempt was to start over is that run again (its files are untouched)."""
 
     def change(state: st.CellState | None) -> st.CellState | None:
         if state is None or state.state != "pending" or state.driver != str(driver):
             return None
+        if state.previous in (*st.FINISHED, "running"):  # "running": its lock is free, so interrupted
+            return attrs.evolve(state, state=state.previous, previous=None, driver=None)
         return attrs.evolve(state, state="cancelled")
 
     st.update_state(plan.directory, change)
 
 
-def mark_submitted(job: CellJob) -> bool:
+def mark_submitted(job: CellJob, driver: Path | None = None) -> bool:
     """Write the job's token before it starts (see ``sweepkit.job``); False when another
-    process holds the cell's lock, so this job must not be submitted."""
+    process holds the cell's lock, so this job must not be submitted. With ``driver`` (the
+    lock of the driver that marked the cell pending), also False unless the cell is still
+    pending under that driver: another driver that took the cell since (marked it pending
+    itself, submitted it, or finished it) keeps it, and a completed cell is not run again."""
     directory = Path(job.cell_dir)
     taken = []
 
     def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or st.is_locked(directory):
+        if state is None or st.is_locked(directory) or (
+                driver is not None and (state.state != "pending" or state.driver != str(driver))):
             taken.append(True)
             return None
         submission = st.Submission(executor=job.executor, token=job.token, submitted=time.time(),

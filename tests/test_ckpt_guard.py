@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+from sweepkit import state as st
 from sweepkit_plugins.ckpt_guard import MISSING, CheckpointGuardError, guarded_wipe
 
+
+def wipe(ckpt_dir: Path, root: Path, resume_mode, **options) -> list[Path]:
+    """The guarded wipe as a fresh cell's job finishes it: checked and announced when the
+    cell is prepared, then deleted as its job starts it."""
+    found = guarded_wipe(ckpt_dir, root, resume_mode, **options)
+    return [] if found is None else st.delete_checkpoint_entries(found)
 
 
 def make_steps(directory: Path, *steps: int) -> list[Path]:
@@ -39,7 +47,7 @@ def test_fresh_run_deletes_exactly_its_steps_after_listing_them(root):
     def announce(line):
         said.append((line, sorted(p.name for p in cell.iterdir())))
 
-    deleted = guarded_wipe(cell, root, None, announce=announce)
+    deleted = wipe(cell, root, None, announce=announce)
     assert [p.name for p in deleted] == ["global_step_3", "global_step_20", "global_step_100",
                                          "latest_ckpt_global_step.txt"]
     line, present_when_announced = said[0]
@@ -51,14 +59,14 @@ def test_fresh_run_deletes_exactly_its_steps_after_listing_them(root):
 def test_null_string_is_fresh_too(root):
     cell = root / "cell"
     make_steps(cell, 1)
-    assert [p.name for p in guarded_wipe(cell, root, "null", announce=lambda line: None)] == ["global_step_1"]
+    assert [p.name for p in wipe(cell, root, "null", announce=lambda line: None)] == ["global_step_1"]
 
 
 @pytest.mark.parametrize("mode", ["latest", "from_path"])
 def test_resume_deletes_nothing(root, mode):
     cell = root / "cell"
     steps = make_steps(cell, 50)
-    assert guarded_wipe(cell, root, mode, announce=pytest.fail) == []
+    assert wipe(cell, root, mode, announce=pytest.fail) == []
     assert all(step.is_dir() for step in steps)
 
 
@@ -66,7 +74,7 @@ def test_missing_resume_mode_is_an_error_before_any_deletion(root):
     cell = root / "cell"
     steps = make_steps(cell, 50)
     with pytest.raises(CheckpointGuardError, match="resume mode is unset"):
-        guarded_wipe(cell, root, MISSING, announce=pytest.fail)
+        wipe(cell, root, MISSING, announce=pytest.fail)
     assert steps[0].is_dir()
 
 
@@ -74,7 +82,7 @@ def test_unknown_resume_mode_is_an_error_before_any_deletion(root):
     cell = root / "cell"
     steps = make_steps(cell, 50)
     with pytest.raises(CheckpointGuardError, match="'lastest' is not a resume mode"):
-        guarded_wipe(cell, root, "lastest", announce=pytest.fail)
+        wipe(cell, root, "lastest", announce=pytest.fail)
     assert steps[0].is_dir()
 
 
@@ -84,14 +92,14 @@ def test_symlink_out_of_the_root_is_refused(root, tmp_path):
     (root / "grid").mkdir()
     (root / "grid" / "cell").symlink_to(elsewhere)
     with pytest.raises(CheckpointGuardError, match="not inside the checkpoint root"):
-        guarded_wipe(root / "grid" / "cell", root, None, announce=pytest.fail)
+        wipe(root / "grid" / "cell", root, None, announce=pytest.fail)
     assert steps[0].is_dir()
 
 
 def test_the_root_itself_is_refused(root):
     steps = make_steps(root, 1)
     with pytest.raises(CheckpointGuardError, match="not inside"):
-        guarded_wipe(root, root, None, announce=pytest.fail)
+        wipe(root, root, None, announce=pytest.fail)
     assert steps[0].is_dir()
 
 
@@ -100,15 +108,30 @@ def test_a_step_that_is_a_symlink_is_unlinked_not_followed(root, tmp_path):
     cell.mkdir()
     outside = make_steps(tmp_path / "other", 9)[0]
     (cell / "global_step_9").symlink_to(outside)
-    guarded_wipe(cell, root, None, announce=lambda line: None)
+    wipe(cell, root, None, announce=lambda line: None)
     assert not (cell / "global_step_9").exists() and (outside / "policy" / "model.pt").is_file()
+
+
+def test_a_symlink_that_appears_after_the_check_stops_the_deletion(root, tmp_path):
+    # The driver checks and resolves the dir when it prepares the cell; the job deletes
+    # when it starts the cell, maybe much later, and only in that same directory.
+    cell = root / "grid" / "cell"
+    make_steps(cell, 4)
+    checked = guarded_wipe(cell, root, None, announce=lambda line: None)
+    assert checked == cell.resolve()
+    elsewhere = make_steps(tmp_path / "elsewhere", 4)[0].parent
+    shutil.rmtree(cell)
+    cell.symlink_to(elsewhere)
+    with pytest.raises(st.DeletionRefused, match="now resolves to"):
+        st.delete_checkpoint_entries(checked)
+    assert (elsewhere / "global_step_4" / "policy" / "model.pt").is_file()
 
 
 def test_opt_out_keeps_everything(root):
     cell = root / "cell"
     steps = make_steps(cell, 5)
     said = []
-    assert guarded_wipe(cell, root, None, clean=False, announce=said.append) == []
+    assert wipe(cell, root, None, clean=False, announce=said.append) == []
     assert steps[0].is_dir() and "switched off" in said[0]
 
 
@@ -176,12 +199,10 @@ def test_rerun_opt_out_by_env(sweeper):
     assert steps[0].is_dir()
 
 
-def test_a_fresh_plan_without_rerun_keeps_checkpoints_that_appeared_since(sweeper, monkeypatch, capsys):
-    # The plan found none, then another process wrote some before the cell started: a
-    # plain run never asked to lose them.
+def base_cell_in_session(sweeper, monkeypatch):
+    """A configured ``sweep run`` session over GRID, its ``base`` cell and the checkpoint root."""
     from sweepkit.cli import start_session
     from sweepkit.collect import collect
-    from sweepkit_plugins import ckpt_guard
 
     sweeper.grid("g", GRID)
     root = sweeper.path / "ckpts"
@@ -190,11 +211,42 @@ def test_a_fresh_plan_without_rerun_keeps_checkpoints_that_appeared_since(sweepe
                              str(sweeper.path / "grids")])
     session.configure()
     (cell,) = [cell for cell in collect(session, [str(sweeper.path / "grids")]).cells if cell.name == "base"]
+    return session, cell, root
+
+
+def test_a_fresh_plan_without_rerun_keeps_checkpoints_that_appeared_since(sweeper, monkeypatch, capsys):
+    # The plan found none, then another process wrote some before the cell started: a
+    # plain run never asked to lose them.
+    from sweepkit_plugins import ckpt_guard
+
+    session, cell, root = base_cell_in_session(sweeper, monkeypatch)
     steps = make_steps(root / "g" / "base", 7)
     ckpt_guard.sweep_prepare_cell_dir(cell=cell, cell_dir=sweeper.path / "runs" / "g" / "base", fresh=True,
                                       rerun=False, session=session)
     assert steps[0].is_dir()
     assert "keeping 1 checkpoint entries" in capsys.readouterr().out
+
+
+def test_preparing_a_rerun_deletes_nothing_yet(sweeper, monkeypatch, capsys):
+    # The wipe is announced and handed to the cell's job, which deletes as it starts the
+    # cell: a sweep stopped before it gets to the cell leaves its steps.
+    from sweepkit_plugins import ckpt_guard
+
+    session, cell, root = base_cell_in_session(sweeper, monkeypatch)
+    steps = make_steps(root / "g" / "base", 7)
+    handed = ckpt_guard.sweep_prepare_cell_dir(cell=cell, cell_dir=sweeper.path / "runs" / "g" / "base",
+                                               fresh=True, rerun=True, session=session)
+    assert handed == [(root / "g" / "base").resolve()] and steps[0].is_dir()
+    assert "deleting 1 checkpoint entries" in capsys.readouterr().out
+
+
+def test_a_relative_root_is_the_directory_sweep_runs_in_for_the_cell_too(sweeper):
+    # Read against the cell dir, where the cell's process runs, it would name another place.
+    sweeper.grid("g", GRID)
+    result = sweeper.run("run", "--executor", "debug", "grids/g.py::base", env={"CHECKPOINTS_DIR": "rel_ckpts"})
+    assert result.ret == 0, result
+    log = (sweeper.path / "runs" / "g" / "base" / "stdout.log").read_text()
+    assert f"CKPT_DIR={sweeper.path / 'rel_ckpts' / 'g' / 'base'}" in log
 
 
 def test_validation_refuses_unset_and_unknown_modes_before_anything_runs(sweeper, tmp_path):

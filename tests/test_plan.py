@@ -6,6 +6,7 @@ and its own dir under a checkpoint root (``$CHECKPOINTS_DIR/<grid>/<cell>``, exp
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -27,21 +28,23 @@ target = sk.command("{{python}}", "-m", "stepper", "{variable}")
 base = sk.base(lr=1.0, resume_mode=None)
 '''
 
-# layout -> (the variable the cell writes its checkpoints under, where that is)
+# layout -> (the variable the cell writes its checkpoints under, $CHECKPOINTS_DIR, where they are)
 LAYOUTS = {
-    "checkpoint_root": ("CKPT_DIR", lambda project: project / "ckpts" / "g" / "base"),
-    "cell_dir": ("SWEEP_CKPT_DIR", lambda project: project / "runs" / "g" / "base" / "ckpt"),
+    "checkpoint_root": ("CKPT_DIR", lambda project: str(project / "ckpts"),
+                        lambda project: project / "ckpts" / "g" / "base"),
+    # Relative to the directory sweep runs in, not to the cell dir the cell's process runs in.
+    "relative_checkpoint_root": ("CKPT_DIR", lambda project: "ckpts", lambda project: project / "ckpts" / "g" / "base"),
+    "cell_dir": ("SWEEP_CKPT_DIR", lambda project: "", lambda project: project / "runs" / "g" / "base" / "ckpt"),
 }
 
 
 @pytest.fixture(params=sorted(LAYOUTS))
 def failed_cell(request, sweeper):
     """A cell whose first run failed after leaving ``global_step_5``; returns its checkpoint dir."""
-    variable, where = LAYOUTS[request.param]
+    variable, root, where = LAYOUTS[request.param]
     sweeper.write("stepper.py", STEPPER)
     sweeper.grid("g", GRID.format(variable=variable))
-    root = sweeper.path / "ckpts" if variable == "CKPT_DIR" else ""
-    sweeper.env.update({"CHECKPOINTS_DIR": str(root), "CLEAN_CKPT": "", "SWEEP_CLUSTER": ""})
+    sweeper.env.update({"CHECKPOINTS_DIR": root(sweeper.path), "CLEAN_CKPT": "", "SWEEP_CLUSTER": ""})
     first = sweeper.run("run", "--executor", "debug")
     assert first.ret != 0 and "stepper: stopped after step 5" in first.output, first
     ckpt = where(sweeper.path)
@@ -86,14 +89,19 @@ def test_the_dry_run_plans_the_resume(sweeper, failed_cell):
     assert (failed_cell / "global_step_5").is_dir()
 
 
-def test_only_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper):
-    # A plain run's fresh plan found ckpt/ empty; what another process wrote there since is kept.
+def test_only_the_job_of_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper, monkeypatch):
+    # Preparing a cell deletes nothing. Its job empties ckpt/ as it starts the cell, and only
+    # for a --rerun plan: a plain run's fresh plan found ckpt/ empty, and what another
+    # process wrote there since is kept.
     from sweepkit import plan as pl
+    from sweepkit import state as st
     from sweepkit.cli import start_session
     from sweepkit.collect import collect
+    from sweepkit.job import run_cell
 
     sweeper.write("stepper.py", STEPPER)
     sweeper.grid("g", GRID.format(variable="SWEEP_CKPT_DIR"))
+    monkeypatch.setenv("PYTHONPATH", str(sweeper.path))
     session = start_session(["run", "--rootdir", str(sweeper.path), str(sweeper.path / "grids")])
     session.configure()
     (cell,) = collect(session, [str(sweeper.path / "grids")]).cells
@@ -101,10 +109,42 @@ def test_only_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper):
     step = directory / "ckpt" / "global_step_3"
     step.mkdir(parents=True)
 
-    kept = pl.write_cell_files(pl.Plan(cell=cell, directory=directory, action=pl.FRESH))
-    assert kept == [] and step.is_dir()
-    deleted = pl.write_cell_files(pl.Plan(cell=cell, directory=directory, action=pl.FRESH, rerun=True))
-    assert deleted == [step] and not step.exists()
+    for rerun in (False, True):
+        plan = pl.Plan(cell=cell, directory=directory, action=pl.FRESH, rerun=rerun)
+        pl.write_cell_files(plan, pl.mark_pending(plan, driver=sweeper.path / "driver.lock"))
+        assert step.is_dir()
+        job = pl.make_job(plan, "debug", session)
+        assert pl.mark_submitted(job)
+        assert run_cell(job) == "failed"  # "stepper: stopped after step 5"
+        assert step.is_dir() is not rerun
+    first, second = st.read_state(directory).attempts
+    assert first.deleted == ()
+    assert [Path(path).name for path in second.deleted] == ["global_step_3", "global_step_5"]
+
+
+def test_rerun_never_deletes_through_a_ckpt_symlink_that_leaves_the_cell_dir(sweeper):
+    # The cell's ckpt/ points at a directory it shares with others: --rerun refuses, naming
+    # the link and its target, and deletes nothing anywhere.
+    sweeper.write("stepper.py", STEPPER)
+    sweeper.grid("g", GRID.format(variable="SWEEP_CKPT_DIR") + "other = sk.cell(lr=2.0)\n")
+    sweeper.env.update({"CHECKPOINTS_DIR": "", "SWEEP_CLUSTER": ""})
+    assert sweeper.run("run", "--executor", "debug").ret == 1
+    shared = sweeper.path / "shared"
+    (shared / "global_step_1").mkdir(parents=True)  # another cell's checkpoint
+    (shared / "important.txt").write_text("keep")
+    link = sweeper.path / "runs" / "g" / "base" / "ckpt"
+    for entry in link.iterdir():
+        entry.rmdir()
+    link.rmdir()
+    link.symlink_to(shared)
+
+    rerun = sweeper.run("run", "--executor", "debug", "--rerun")
+    assert rerun.ret == 4, rerun
+    assert f"base: its checkpoint dir {link} is a symlink to {shared}, outside its cell dir" in rerun.output
+    assert "nothing was run" in rerun.output
+    assert sorted(path.name for path in shared.iterdir()) == ["global_step_1", "important.txt"]
+    assert (sweeper.path / "runs" / "g" / "other" / "ckpt" / "global_step_5").is_dir()
+    assert len(seen(sweeper)) == 1  # it did not start again
 
 
 FAILS_AFTER_WRITING = """

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+import test_slurm_executor as slurm
 from cell_program import PROGRAM, intervals, max_overlap, read_events
+from test_slurm_executor import cluster, on_cluster  # noqa: F401 (the fixture on_cluster asks for)
 
 
 def script_grid(sweeper, name: str, cells: str, **base) -> Path:
@@ -81,6 +83,100 @@ def test_rerun_of_one_cell_runs_only_it_and_wipes_its_checkpoints(cpu_sweeper):
     assert "DELETED" in result.stdout and "stale_marker" in result.stdout
     assert not stale.exists()
     assert len(state_of(cpu_sweeper, "g", "base")["attempts"]) == 2
+
+
+def cell_files(sweeper, grid: str, cell: str) -> dict:
+    """What a cell's run left: its checkpoint entries, metrics and stdout."""
+    directory = sweeper.path / "runs" / grid / cell
+    return {"ckpt": sorted(path.name for path in (directory / "ckpt").iterdir()),
+            "metrics": (directory / "metrics.jsonl").read_text(),
+            "stdout": (directory / "stdout.log").read_text()}
+
+
+def completed_grid(sweeper) -> Path:
+    """A grid whose three cells completed, reporting both ways (metrics.jsonl and stdout)."""
+    grid = script_grid(sweeper, "g", """
+        c1 = sk.cell(steps=2)
+        c2 = sk.cell(steps=4)
+    """, sleep=0.0, report="both")
+    first = sweeper.run("run")
+    assert first.ret == 0 and "3 passed" in first.stdout, first
+    return grid
+
+
+def rerun_in_flight(sweeper, grid: Path) -> subprocess.Popen:
+    """``sweep run --rerun`` of :func:`completed_grid`, its config changed so that its cells
+    hang after their first step: the driver, in its own session as a terminal's foreground
+    job, once ``base`` hangs and ``c1``, ``c2`` wait their turn."""
+    grid.write_text(grid.read_text().replace("report='both'", "report='both', hang_at=1"))
+    env = {**os.environ, **sweeper.env, "COLUMNS": "200",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(sweeper.path), os.environ.get("PYTHONPATH", "")) if p)}
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run", "--rerun"], cwd=sweeper.path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    metrics = sweeper.path / "runs" / "g" / "base" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while not (started(sweeper).count("base") == 2 and metrics.is_file() and metrics.read_text().count("\n") == 1):
+        assert driver.poll() is None, driver.stdout.read()
+        assert time.time() < deadline, "the rerun's first cell did not reach its first step"
+        time.sleep(0.05)
+    return driver
+
+
+def test_an_interrupted_rerun_leaves_the_cells_it_never_started_as_they_were(cpu_sweeper):
+    # --rerun deletes a cell's old run when that cell starts, not all of them up front:
+    # Ctrl-C during the first cell leaves the others their old checkpoints and metrics.
+    grid = completed_grid(cpu_sweeper)
+    before = {cell: cell_files(cpu_sweeper, "g", cell) for cell in ("c1", "c2")}
+    assert before["c2"]["ckpt"] == ["step_1", "step_2", "step_3", "step_4"]
+    driver = rerun_in_flight(cpu_sweeper, grid)
+    os.killpg(driver.pid, signal.SIGINT)
+    output, _ = driver.communicate(timeout=120)
+
+    assert driver.returncode == 2, output
+    # Only the cell that started lost its earlier run (the driver shows it once it sees the start).
+    assert {line.split()[1] for line in output.splitlines() if line.startswith("DELETED")} <= {"grids/g.py::base"}
+    deleted = state_of(cpu_sweeper, "g", "base")["attempts"][-1]["deleted"]
+    assert sorted(Path(path).name for path in deleted) == ["step_1", "step_2", "step_3"]
+    for cell in ("c1", "c2"):
+        assert cell_files(cpu_sweeper, "g", cell) == before[cell]
+        state = state_of(cpu_sweeper, "g", cell)
+        # Its finished run is still what the cell is: the rerun never started it.
+        assert state["state"] == "completed" and len(state["attempts"]) == 1
+    assert started(cpu_sweeper).count("c1") == started(cpu_sweeper).count("c2") == 1
+
+
+@on_cluster
+def test_on_slurm_a_queued_cells_old_run_stays_until_its_job_starts(sweeper):
+    # The SLURM executor submits every cell at once; two take the 2-CPU node and hang, the
+    # third waits in the queue: its old run stays, and status shows no numbers of it, until
+    # its job starts, which it never does here.
+    grid = slurm.script_grid(sweeper, "again", """
+        c1 = sk.cell(steps=2)
+        c2 = sk.cell(steps=4)
+    """, sleep=0.0)
+    assert sweeper.run("run", "--executor", "slurm", timeout=slurm.DEADLINE_S).ret == 0
+    cells = ("base", "c1", "c2")
+
+    def files(cell):
+        directory = sweeper.path / "runs" / "again" / cell
+        return sorted(path.name for path in (directory / "ckpt").iterdir()), (directory / "metrics.jsonl").read_text()
+
+    old = {cell: files(cell) for cell in cells}
+    grid.write_text(grid.read_text().replace("sleep=0.0", "sleep=0.0, hang_at=1"))
+    driver = slurm.background(sweeper, "run", "--executor", "slurm", "--rerun")
+    try:
+        hanging = slurm.wait_for("two cells to start again", lambda: (
+            found if len(found := [cell for cell in cells if len(slurm.starts(sweeper).get(cell, [])) == 2]) == 2
+            else None))
+        (waiting,) = set(cells) - set(hanging)
+        assert files(waiting) == old[waiting]
+        row = slurm.status_rows(sweeper)[waiting].split()
+        assert row[1:3] == ["submitted", "1"] and len(row) == 4 and row[3].startswith("slurm:"), row
+    finally:
+        assert sweeper.run("cancel").ret == 0
+        driver.wait(timeout=slurm.DEADLINE_S)
+    assert files(waiting) == old[waiting]
+    assert len(slurm.starts(sweeper)[waiting]) == 1
 
 
 def test_changed_config_of_completed_cell_needs_rerun(cpu_sweeper):
