@@ -179,6 +179,10 @@ def cancel_command(session, specs) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
     console = session.console
+    for directory in directories:  # its jobs and driver are not known: it is left alone
+        if (problem := st.state_problem(directory)) is not None:
+            session.err_console.print(f"WARNING: {session.display_path(problem.path)}: {problem.reason}; the cell's "
+                                      "jobs and driver cannot be read from it, so it is left alone", markup=False)
     drivers = live_drivers(session.runs_dir, directories)
     for driver in drivers:
         cells = ", ".join(session.display_path(cell) for cell in driver.cells)

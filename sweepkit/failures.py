@@ -10,7 +10,8 @@ state from ``sacct``, when there is one) and from the tail of its logs, in this 
    limit; see docs/local-slurm.md) -> ``TIMEOUT``;
 3. the log tail: out-of-memory messages (CUDA, host, the cgroup OOM killer) -> ``OOM``;
    NCCL errors and watchdog timeouts -> ``NCCL``; a Python traceback -> ``EXCEPTION`` with
-   its last line;
+   its last line, but one that ends in ``KeyboardInterrupt`` is the interrupt's own
+   (Ctrl-C reached the command outside its handlers) -> ``CANCELLED``;
 4. an attempt the driver or ``sweep cancel`` interrupted -> ``CANCELLED``;
 5. anything else -> ``UNKNOWN`` with the recorded failure text.
 
@@ -101,7 +102,10 @@ def classify(*, job_state: str | None = None, log_tail: str = "", failure: str |
         if matched:
             return Failure(kind, _detail(matched))
     if TRACEBACK in log_tail:
-        return Failure(EXCEPTION, _detail(_exception_line(lines) or failure))
+        last = _exception_line(lines)
+        if last is not None and re.match(r"KeyboardInterrupt\b", last):  # the interrupt itself
+            return Failure(CANCELLED, _detail(failure or last))
+        return Failure(EXCEPTION, _detail(last or failure))
     if cell_state == "cancelled" or failure.startswith("interrupted"):
         return Failure(CANCELLED, _detail(failure))
     return Failure(UNKNOWN, _detail(failure))
@@ -214,6 +218,10 @@ def job_alive(view, records) -> bool:
 
 def failure_text(view, records) -> str | None:
     """The failure column of ``sweep status`` / ``sweep report`` for one cell."""
+    if view.problems:  # a damaged cell.json or state.json; the command names its path too
+        damage = "; ".join(f"{problem.path.name}: {problem.reason}" for problem in view.problems)
+        failure = failure_text(attrs.evolve(view, problems=()), records) if view.state else None
+        return f"{damage}; {failure}" if failure else damage
     state = view.state
     attempt = state.last_attempt if state else None
     if attempt is None or attempt.failure is None or view.outcome in ("passed", "xpassed", "xpassed-strict"):

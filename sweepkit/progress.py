@@ -28,12 +28,12 @@ LABELS = {
     "xpassed-strict": "XPASS(strict)", "skipped": "SKIPPED", "cancelled": "CANCELLED",
     "interrupted": "INTERRUPTED", "pending": "pending", "submitted": "submitted",
     "running": "running", "attached": "running*", "completed": "completed",
-    "deleted": "DELETED",
+    "deleted": "DELETED", "damaged": "DAMAGED",
 }
 STYLES = {
     "passed": "green", "xfailed": "yellow", "xpassed": "yellow", "skipped": "cyan",
     "failed": "bold red", "xpassed-strict": "bold red", "cancelled": "red", "interrupted": "red",
-    "running": "blue", "attached": "blue", "deleted": "magenta",
+    "running": "blue", "attached": "blue", "deleted": "magenta", "damaged": "bold red",
 }
 
 

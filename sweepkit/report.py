@@ -4,7 +4,9 @@ Each cell's metrics are scanned lazily (``metrics.jsonl`` with ``scan_ndjson``; 
 ``WANDB_MIRROR`` lines of ``stdout.log`` when there is no such file), joined across cells
 with ``concat(how="diagonal_relaxed")`` (cells log different metric sets), aggregated by
 expressions built once, and collected only at the end. Every cell with a ``cell.json``
-gets a row, also one that is still running, failed, or has no metrics yet.
+gets a row, also one that is still running, failed, or has no metrics yet; a cell whose
+fresh attempt has not started yet (``--rerun`` mid-sweep) gets one with no numbers, since
+the files it still holds are its earlier run's.
 
 How the numbers are made (train steps of one cell, ordered by step, one record per step:
 a step logged twice by a resumed run counts once, the later record):
@@ -40,6 +42,7 @@ from sweepkit import state as st
 from sweepkit.errors import UsageError
 from sweepkit.progress import print_wide, status_text
 from sweepkit.session import ExitCode
+from sweepkit.status import file_warnings
 
 FORMATS = ("table", "csv", "md", "json", "parquet")
 REPORT_DIR = "report"
@@ -141,7 +144,11 @@ def _scan_jsonl(path: Path) -> pl.LazyFrame | None:
         schema = frame.collect_schema()
     except pl.exceptions.PolarsError:
         return None  # a damaged line in the middle: metrics.py's line-by-line reader skips it
-    return frame if "kind" in schema and "step" in schema else None
+    if "kind" not in schema or "step" not in schema:
+        return None
+    # A step that is not an integer on some line ("five") makes the column another type:
+    # metrics.py's reader leaves that line out.
+    return frame if schema["step"].is_integer() and schema["kind"] == pl.String else None
 
 
 def _natural(text: str) -> list:
@@ -163,12 +170,14 @@ def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl
             "cell": [view.name for view in views],
             "status": [view.outcome for view in views],
             "diff": [_diff_text(view.record) for view in views],
-            "failure": [failures.failure_text(view, job_states) for view in views],
+            "failure": [None if view.waiting else failures.failure_text(view, job_states) for view in views],
         },
         schema={"cell": pl.String, "status": pl.String, "diff": pl.String, "failure": pl.String},
     )
+    # A cell waiting to start over keeps its earlier run's metrics until it starts: no
+    # numbers of the attempt its row is about.
     frames = [frame.with_columns(pl.lit(view.name).alias("cell"))
-              for view in views if (frame := scan_cell(view.directory)) is not None]
+              for view in views if not view.stale_files and (frame := scan_cell(view.directory)) is not None]
     if frames:
         records = pl.concat(frames, how="diagonal_relaxed")
         present = records.collect_schema().names()
@@ -247,6 +256,9 @@ def make_report(session, specs, fmt: str = "table") -> int:
         session.console.print(f"no runs under {session.display_path(session.runs_dir)}", markup=False)
         return ExitCode.NO_CELLS
     for grid_dir, cells in grids.items():
+        for directory in cells if cells is not None else st.cell_dirs(grid_dir):
+            for line in file_warnings(st.view(directory), session.display_path):
+                session.err_console.print(f"WARNING: {line}", markup=False)
         tables = grid_tables(grid_dir, cells)
         written = write_tables(grid_dir / REPORT_DIR, tables, fmt)
         _print(session, grid_dir.name, tables, fmt, written)

@@ -27,7 +27,7 @@ from sweepkit import state as st
 from sweepkit.errors import UsageError
 from sweepkit.executors.base import DONE, Executor, Handle
 from sweepkit.hookspec import hookimpl
-from sweepkit.metrics import Follower
+from sweepkit.metrics import Follower, Summary
 from sweepkit.progress import RunDisplay, describe, fmt_duration
 from sweepkit.session import ExitCode
 
@@ -210,6 +210,7 @@ class Tracked:
     job: object = None
     handle: Handle | None = None
     started_seen: bool = False
+    held: bool = False  # counted by the executor as another driver's running cell (hold_foreign)
 
 
 class Run:
@@ -270,33 +271,43 @@ class Run:
         return self._summary()
 
     def _prepare(self, tracked: Tracked) -> bool:
+        """Mark the cell pending and ready its dir. Nothing of its earlier run is deleted
+        yet: its job does that as it starts the cell (``CellJob.fresh``)."""
         plan = tracked.plan
-        if not pl.mark_pending(plan, driver=self.driver_lock.path):
+        state = pl.mark_pending(plan, driver=self.driver_lock.path)
+        if state is None:
             return False
-        deleted = pl.write_cell_files(plan)
-        if deleted:
-            shown = ", ".join(path.name for path in deleted[:5]) + (" ..." if len(deleted) > 5 else "")
-            self.display.event("deleted", plan.cell.nodeid,
-                               f"{len(deleted)} checkpoint entr{'y' if len(deleted) == 1 else 'ies'} "
-                               f"in {self.session.display_path(plan.directory / st.CKPT_DIR)}: {shown}")
-        self.session.hook.sweep_prepare_cell_dir(cell=plan.cell, cell_dir=plan.directory,
-                                                 fresh=plan.action == pl.FRESH, rerun=plan.rerun,
-                                                 session=self.session)
+        pl.write_cell_files(plan, state)
+        answers = self.session.hook.sweep_prepare_cell_dir(cell=plan.cell, cell_dir=plan.directory,
+                                                           fresh=plan.action == pl.FRESH, rerun=plan.rerun,
+                                                           session=self.session)
+        wipe = [str(path) for paths in answers for path in paths or ()]
+        if wipe and tracked.job.fresh is not None:
+            tracked.job = attrs.evolve(tracked.job, fresh=attrs.evolve(tracked.job.fresh, checkpoint_dirs=wipe))
         return True
 
     def _attach(self, tracked: Tracked) -> None:
         nodeid = tracked.plan.cell.nodeid
         state = st.read_state(tracked.plan.directory)
-        self.executor.hold_foreign(nodeid, state.last_attempt if state and state.state == "running" else None)
+        tracked.held = False
+        if state is None or state.state != "pending":  # one another driver will start takes nothing yet
+            self._hold(tracked, state)
         self.attached.append(tracked)
         self.display.update(nodeid, status="attached", started=time.time(), note="started by another driver")
         self.display.event("attached", nodeid, tracked.plan.note or "running under another driver; waiting for it")
+
+    def _hold(self, tracked: Tracked, state: st.CellState | None) -> None:
+        self.executor.hold_foreign(tracked.plan.cell.nodeid,
+                                   state.last_attempt if state and state.state == "running" else None)
+        tracked.held = True
 
     def _watch(self) -> None:
         for tracked in list(self.attached):
             directory = tracked.plan.directory
             nodeid = tracked.plan.cell.nodeid
             if st.is_locked(directory):
+                if not tracked.held:
+                    self._hold(tracked, st.read_state(directory))
                 self.display.update(nodeid, summary=tracked.follower.summary())
                 continue
             state = st.read_state(directory)
@@ -304,6 +315,11 @@ class Run:
                 if self._queued_elsewhere(state.submission):
                     continue  # another driver's job has not started yet
                 self._take_over(tracked)
+                continue
+            if state is not None and state.state == "pending":
+                if state.driver and state.driver != str(self.driver_lock.path) and st.is_held(Path(state.driver)):
+                    continue  # another live driver will submit it
+                self._take_over(tracked)  # its driver is gone (abandoned)
                 continue
             self.attached.remove(tracked)
             self.executor.release_foreign(nodeid)
@@ -344,12 +360,14 @@ class Run:
         for job in ready:
             tracked = by_token[job.token]
             self.queue.remove(tracked)
-            if pl.mark_submitted(job):
+            # Decided again now, under the executor's submit lock (a cluster's: runs/.slurm):
+            # since this driver marked the cell pending, another driver may have taken it
+            # over, or submitted and finished it.
+            if pl.mark_submitted(job, driver=self.driver_lock.path):
                 batch.append(tracked)
             else:
                 self._attach(tracked)
-        if not batch:
-            return
+        # Even with none left: submit is what releases what take held.
         handles = self.executor.submit([tracked.job for tracked in batch])
         for tracked, handle in zip(batch, handles):
             tracked.handle = handle
@@ -367,7 +385,9 @@ class Run:
             if not tracked.started_seen and state is not None and state.state == "running":
                 self._started(tracked, state)
             if self.executor.poll(tracked.handle) != DONE:
-                self.display.update(nodeid, summary=tracked.follower.summary(),
+                # Until a fresh run starts, the cell's metrics are its earlier run's.
+                shown = tracked.started_seen or tracked.job.resume
+                self.display.update(nodeid, summary=tracked.follower.summary() if shown else Summary(),
                                     status="running" if tracked.started_seen else "submitted")
                 continue
             self.active.remove(tracked)
@@ -386,9 +406,25 @@ class Run:
     def _started(self, tracked: Tracked, state: st.CellState) -> None:
         tracked.started_seen = True
         attempt = state.last_attempt
+        if not tracked.job.resume:  # its job has started the metrics over
+            tracked.follower = Follower(tracked.plan.directory)
+        if attempt is not None and attempt.deleted:
+            self.display.event("deleted", tracked.plan.cell.nodeid, self._deleted_text(attempt.deleted))
         self.display.update(tracked.plan.cell.nodeid, status="running", attempt=attempt.n if attempt else None,
                             started=(attempt.started if attempt and attempt.started else time.time()))
         self.session.hook.sweep_cell_started(cell=tracked.plan.cell, state=state)
+
+    def _deleted_text(self, deleted) -> str:
+        """``2 entries in runs/g/c/ckpt: global_step_1, latest`` for each dir of ``deleted``."""
+        by_dir: dict[Path, list[str]] = {}
+        for path in map(Path, deleted):
+            by_dir.setdefault(path.parent, []).append(path.name)
+        parts = []
+        for directory, names in by_dir.items():
+            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            parts.append(f"{len(names)} checkpoint entr{'y' if len(names) == 1 else 'ies'} "
+                         f"in {self.session.display_path(directory)}: {shown}")
+        return "; ".join(parts) + " (the earlier run's, as this run started)"
 
     def _finished(self, tracked: Tracked, state: st.CellState | None) -> None:
         directory = tracked.plan.directory

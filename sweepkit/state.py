@@ -67,6 +67,8 @@ class Attempt:
     returncode: int | None = None
     failure: str | None = None
     failure_class: str | None = None  # sweepkit.failures: set once the job's final state is known
+    # What the job deleted of the cell's earlier run before this attempt started (--rerun).
+    deleted: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
 
 
 
@@ -99,6 +101,12 @@ class CellState:
     submission: Submission | None = None
     # A pending cell's driver: the path of the lock it holds while it lives (DriverLock).
     driver: str | None = None
+    # Set while a fresh attempt waits to start over an earlier run: the state that run was
+    # in. Until the job starts the attempt the cell's files are that run's (nothing is
+    # deleted before), ``config_hash`` and ``profile`` still describe them, status and report
+    # show none of their numbers, and a driver that gives up the attempt before it starts
+    # puts this state back.
+    previous: str | None = None
     updated: float = 0.0
 
     @property
@@ -114,6 +122,7 @@ class CellState:
             "attempts": [attrs.asdict(attempt) for attempt in self.attempts],
             "submission": attrs.asdict(self.submission) if self.submission else None,
             "driver": self.driver,
+            "previous": self.previous,
             "updated": self.updated,
         }
 
@@ -131,6 +140,7 @@ class CellState:
             attempts=[_from_json(Attempt, attempt) for attempt in data.get("attempts") or ()],
             submission=_from_json(Submission, submission) if submission else None,
             driver=data.get("driver"),
+            previous=data.get("previous"),
             updated=data.get("updated", 0.0),
         )
 
@@ -152,18 +162,60 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(temp, path)
 
 
+class DamagedFile(ValueError):
+    """A run-state file that exists but cannot be read back: empty, cut short (a full disk, a
+    copy that stopped), or not the record it should be. ``reason`` says which."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
 def read_json(path: Path) -> Any | None:
+    """The JSON value of ``path``; None when there is no such file; DamagedFile when it cannot be read."""
     try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
+        data = Path(path).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not data.strip():
+        raise DamagedFile(path, "empty")
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DamagedFile(path, f"not valid JSON ({error})") from None
+
+
+def load_state(directory: Path) -> CellState | None:
+    """The cell's ``state.json``; None when there is none; DamagedFile when it cannot be read."""
+    path = Path(directory) / STATE_FILE
+    data = read_json(path)
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise DamagedFile(path, "not a state record: not a JSON object")
+    try:
+        return CellState.from_json(data, source=str(path))
+    except (ValueError, TypeError, AttributeError) as error:
+        raise DamagedFile(path, f"not a state record: {str(error).removeprefix(f'{path}: ')}") from None
 
 
 def read_state(directory: Path) -> CellState | None:
-    data = read_json(Path(directory) / STATE_FILE)
-    return None if data is None else CellState.from_json(data, source=str(Path(directory) / STATE_FILE))
+    """The cell's state, or None when it has none or its ``state.json`` is damaged (then
+    :func:`state_problem` says why, and a fresh run, ``--rerun``, writes a new one)."""
+    try:
+        return load_state(directory)
+    except DamagedFile:
+        return None
+
+
+def state_problem(directory: Path) -> DamagedFile | None:
+    """Why the cell's ``state.json`` cannot be read, or None."""
+    try:
+        load_state(directory)
+    except DamagedFile as problem:
+        return problem
+    return None
 
 
 def write_state(directory: Path, state: CellState) -> None:
@@ -322,19 +374,57 @@ def has_checkpoints(path: Path) -> bool:
                                  for entry in path.iterdir())
 
 
-def wipe_checkpoints(directory: Path) -> list[Path]:
-    """Empty the cell's own ``ckpt/`` (never anything outside the cell dir); returns what
-    was deleted so the caller can announce it."""
+class DeletionRefused(Exception):
+    """Deleting would reach outside the cell's own directories; the message says where."""
+
+
+def ckpt_link_refusal(directory: Path) -> str | None:
+    """Why the cell's ``ckpt/`` must not be emptied: it is a symlink whose target lies
+    outside the cell dir (a directory other cells or other files share); None when it is
+    the cell's own."""
     ckpt = Path(directory) / CKPT_DIR
-    if not ckpt.is_dir():
-        return []
-    deleted = sorted(ckpt.iterdir())
-    for entry in deleted:
+    if not ckpt.is_symlink():
+        return None
+    target, home = ckpt.resolve(), Path(directory).resolve()
+    if target != home and target.is_relative_to(home):
+        return None
+    return (f"its checkpoint dir {ckpt} is a symlink to {target}, outside its cell dir; --rerun deletes "
+            f"nothing through it: remove the link (rm {ckpt}) to start over in an empty ckpt/, and "
+            "delete what you mean to in its target yourself")
+
+
+def _delete(entries: list[Path]) -> None:
+    for entry in entries:  # an entry that is a symlink goes itself; its target is not touched
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+def wipe_checkpoints(directory: Path) -> list[Path]:
+    """Empty the cell's own ``ckpt/`` (never anything outside the cell dir: DeletionRefused
+    for a ``ckpt/`` linked out of it); returns what was deleted so the caller can announce it."""
+    refusal = ckpt_link_refusal(directory)
+    if refusal is not None:
+        raise DeletionRefused(refusal)
+    ckpt = Path(directory) / CKPT_DIR
+    if not ckpt.is_dir():
+        return []
+    deleted = sorted(ckpt.iterdir())
+    _delete(deleted)
     return deleted
+
+
+def delete_checkpoint_entries(path: Path) -> list[Path]:
+    """Delete the :func:`checkpoint_entries` of a checkpoint dir outside the cell dir, which
+    a plugin checked and resolved when the cell was prepared (``sweep_prepare_cell_dir``);
+    DeletionRefused when a symlink has since appeared on the way to it."""
+    path = Path(path)
+    if path.resolve() != path:
+        raise DeletionRefused(f"checkpoint dir {path} now resolves to {path.resolve()}; deleting nothing there")
+    entries = checkpoint_entries(path)
+    _delete(entries)
+    return entries
 
 
 def effective_state(directory: Path, state: CellState | None) -> str:
@@ -368,12 +458,14 @@ FAILING_OUTCOMES = ("failed", "interrupted", "cancelled", "xpassed-strict")
 
 def last_failed(runs_dir: Path, cells) -> list:
     """The cells whose last run did not succeed (pytest's ``--lf``): failed, cancelled or
-    interrupted; an expected failure (xfail) does not count."""
+    interrupted, or whose ``state.json`` is damaged; an expected failure (xfail) does not count."""
     picked = []
     for cell in cells:
         directory = cell_dir(runs_dir, cell)
         state = read_state(directory)
         if state is None:
+            if state_problem(directory) is not None:
+                picked.append(cell)  # its record is damaged: that it passed is not known
             continue
         effective = effective_state(directory, state)
         if effective in ("failed", "cancelled", "interrupted") and cell.xfail is None:
@@ -395,7 +487,12 @@ def cell_record(cell) -> dict[str, Any]:
 
 
 def read_cell_record(directory: Path) -> dict[str, Any] | None:
-    return read_json(Path(directory) / CELL_FILE)
+    """The cell's ``cell.json``; None when there is none; DamagedFile when it cannot be read."""
+    path = Path(directory) / CELL_FILE
+    record = read_json(path)
+    if record is not None and not isinstance(record, dict):
+        raise DamagedFile(path, "not a cell record: not a JSON object")
+    return record
 
 
 def grid_dirs(runs_dir: Path) -> list[Path]:
@@ -450,16 +547,36 @@ class CellView:
     state: CellState | None
     effective: str
     outcome: str
+    # Its cell.json or state.json, where one cannot be read; a damaged state.json makes
+    # the cell "damaged" (its record is left out, its other files still read).
+    problems: tuple[DamagedFile, ...] = ()
+
+    @property
+    def stale_files(self) -> bool:
+        """The cell's metrics, logs and checkpoints are an earlier run's than the attempt
+        its state describes (a fresh attempt that has not started over them): status and
+        report show none of their numbers."""
+        return self.state is not None and self.state.previous is not None
+
+    @property
+    def waiting(self) -> bool:
+        """A fresh attempt waits to start over an earlier run: the last attempt recorded is
+        that run's, not the cell's current one."""
+        return self.stale_files and self.state.state in ("pending", "submitted")
+
+    @property
+    def attempt(self) -> Attempt | None:
+        """The attempt the cell's state is about (None before its first, or while waiting)."""
+        return None if self.state is None or self.waiting else self.state.last_attempt
 
     @property
     def failure(self) -> str | None:
-        attempt = self.state.last_attempt if self.state else None
-        return attempt.failure if attempt else None
+        return self.attempt.failure if self.attempt else None
 
     @property
     def job(self) -> str:
         submission = self.state.submission if self.state else None
-        attempt = self.state.last_attempt if self.state else None
+        attempt = self.attempt
         if submission is not None and submission.job_id:
             return f"{submission.executor}:{submission.job_id}"
         if attempt is not None and attempt.job_id:
@@ -469,11 +586,21 @@ class CellView:
 
 def view(directory: Path) -> CellView:
     directory = Path(directory)
-    record = read_cell_record(directory)
-    state = read_state(directory)
-    effective = effective_state(directory, state)
+    problems = []
+    try:
+        record = read_cell_record(directory)
+    except DamagedFile as problem:
+        record = None
+        problems.append(problem)
+    try:
+        state = load_state(directory)
+    except DamagedFile as problem:
+        state = None
+        problems.append(problem)
+    damaged = any(problem.path.name == STATE_FILE for problem in problems)
+    effective = "damaged" if damaged else effective_state(directory, state)
     nodeid = (record or {}).get("nodeid") or (state.nodeid if state else f"{directory.parent.name}::{directory.name}")
     return CellView(
         directory=directory, nodeid=nodeid, name=directory.name, record=record, state=state,
-        effective=effective, outcome=outcome(effective, (record or {}).get("xfail")),
+        effective=effective, outcome=outcome(effective, (record or {}).get("xfail")), problems=tuple(problems),
     )

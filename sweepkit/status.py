@@ -2,7 +2,9 @@
 
 Nothing here needs the driver that started the cells: a cell is running iff its lock is
 held, and its step, sec/step and reward come from its metrics. So ``status`` works while
-a driver runs, after it exited, and after it was killed.
+a driver runs, after it exited, and after it was killed. A cell whose fresh attempt has
+not started yet shows no numbers (and no job or failure of its earlier run): the files it
+still holds until it starts are that run's.
 """
 
 from __future__ import annotations
@@ -18,12 +20,36 @@ from sweepkit.errors import UsageError
 from sweepkit.progress import fmt_duration, fmt_number, label, print_wide, status_text
 from sweepkit.session import ExitCode
 
+BAD_LINES_SHOWN = 3  # of a metrics file, named one by one; the rest are counted
 COLUMNS = ("cell", "status", "attempts", "step", "sec/step", "reward", "last metric", "job", "failure")
 
 
-def status_rows(runs_dir, specs) -> list[dict]:
+def file_warnings(cell: st.CellView, display=str, nodeid: str | None = None) -> list[str]:
+    """What of a cell's files cannot be read, each naming its file (and line), with what it
+    means and what to do; ``nodeid`` is the cell's, where its files do not say it."""
+    nodeid = nodeid or (cell.record or {}).get("nodeid") or (cell.state.nodeid if cell.state else None) \
+        or f"PATH::{cell.name}"
+    lines = []
+    for problem in cell.problems:
+        if problem.path.name == st.STATE_FILE:
+            lines.append(f"{display(problem.path)}: {problem.reason}; the cell's record is left out (it shows as "
+                         f"DAMAGED): sweep run {nodeid} --rerun starts it over")
+        else:
+            lines.append(f"{display(problem.path)}: {problem.reason}; the cell is shown from its state alone until "
+                         f"a run of it writes the file again (sweep run {nodeid} --rerun)")
+    bad = metrics.bad_lines(cell.directory) if cell.directory.exists() else []
+    for number, why in bad[:BAD_LINES_SHOWN]:
+        lines.append(f"{display(cell.directory / st.METRICS_FILE)}:{number}: {why}; the line is left out")
+    if len(bad) > BAD_LINES_SHOWN:
+        lines.append(f"{display(cell.directory / st.METRICS_FILE)}: {len(bad) - BAD_LINES_SHOWN} more such lines "
+                     "are left out")
+    return lines
+
+
+def status_rows(runs_dir, specs, display=str) -> list[dict]:
     """One dict per cell with the values ``sweep status`` shows (plain values, for tests
-    and other front ends)."""
+    and other front ends); ``warnings`` lists what of its files cannot be read, with paths
+    as ``display`` shows them."""
     try:
         directories = st.find_cell_dirs(runs_dir, specs)
     except ValueError as error:
@@ -35,8 +61,10 @@ def status_rows(runs_dir, specs) -> list[dict]:
     views = [st.view(directory) for directory in directories]
     records = failures.job_records(views)  # SLURM job states: liveness and failure classes
     for directory, cell in zip(directories, views):
-        summary = metrics.summary(directory) if directory.exists() else metrics.Summary()
-        status = cell.outcome if cell.state else "not run"
+        # A cell waiting to start over keeps its earlier run's files until it starts: none
+        # of their numbers are this attempt's.
+        summary = metrics.summary(directory) if directory.exists() and not cell.stale_files else metrics.Summary()
+        status = cell.outcome if cell.state or cell.problems else "not run"
         if cell.effective == "interrupted" and failures.job_alive(cell, records):
             status = cell.state.state  # its job runs on: the lock is just not visible from here
         rows.append({
@@ -48,7 +76,8 @@ def status_rows(runs_dir, specs) -> list[dict]:
             "reward": summary.reward,
             "metric_age_s": None if summary.updated is None else max(0.0, now - summary.updated),
             "job": cell.job,
-            "failure": failures.failure_text(cell, records),
+            "failure": None if cell.waiting else failures.failure_text(cell, records),
+            "warnings": file_warnings(cell, display, nodeids.get(directory)),
         })
     return rows
 
@@ -56,7 +85,10 @@ def status_rows(runs_dir, specs) -> list[dict]:
 def show_status(session, specs) -> int:
     """Print the status table of the cells named by ``specs`` (grid files, node ids,
     cells, or nothing for every grid under the runs dir)."""
-    rows = status_rows(session.runs_dir, specs)
+    rows = status_rows(session.runs_dir, specs, session.display_path)
+    for row in rows:
+        for line in row["warnings"]:
+            session.err_console.print(f"WARNING: {line}", markup=False)
     if not rows:
         session.console.print(f"no runs under {session.display_path(session.runs_dir)}", markup=False)
         return ExitCode.OK

@@ -140,3 +140,34 @@ def test_cancel_says_so_when_a_cell_runs_on_with_no_driver_to_stop(sweeper):
             in cancelled.stdout
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the orphaned job and its command
+
+
+def test_ctrl_c_after_the_last_step_leaves_a_complete_cell_and_no_traceback(sweeper):
+    # The trainer has run its last step and is checkpointing, exporting: stopping it now
+    # stops nothing, so the cell is complete (not cancelled, not waiting for --resume).
+    sweeper.grid("t", TRAINER_GRID.replace("max_steps=100000", "max_steps=3").replace(
+        "export_final=False", "export_final=True"))
+    env = {**os.environ, "COLUMNS": "200", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(sweeper.path), os.environ.get("PYTHONPATH", "")) if p)}
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run", "grids/t.py::base"], cwd=sweeper.path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    cell = sweeper.path / "runs" / "t" / "base"
+    deadline = time.monotonic() + 180
+    while 3 not in train_steps(cell / "metrics.jsonl"):
+        assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read()
+        time.sleep(0.01)
+    os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C: the driver's whole process group
+    output, _ = driver.communicate(timeout=120)
+    while subprocess.run(["flock", "-n", str(cell / ".lock"), "true"]).returncode != 0:
+        assert time.monotonic() < deadline, "the cell's process did not end"
+        time.sleep(0.2)
+
+    assert "sweep-train: SIGINT: stopping after this step" in (cell / "stderr.log").read_text()
+    assert "Traceback" not in output, output
+    state = json.loads((cell / "state.json").read_text())
+    assert state["state"] == "completed", state
+    assert [attempt["failure"] for attempt in state["attempts"]] == [None]
+    assert (cell / "ckpt" / "global_step_3").is_dir() and (cell / "ckpt" / "export").is_dir()
+    again = sweeper.run("run", "grids/t.py::base", "--dry-run", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert "SKIP     grids/t.py::base  (completed)" in again.stdout, again

@@ -168,3 +168,12 @@ def test_a_chain_link_that_timed_out_reads_as_normal_while_the_next_waits(tmp_pa
     # Once no link is left, a timeout is the cell's failure.
     view, records = chain_view(tmp_path, effective="failed", link_state="TIMEOUT")
     assert fl.failure_text(view, records) == "TIMEOUT: killed by SIGTERM"
+
+
+def test_a_keyboard_interrupt_traceback_is_the_interrupt_not_a_crash():
+    # Ctrl-C that reached a command outside its own handlers: the traceback is the interrupt's.
+    tail = 'step 3\nTraceback (most recent call last):\n  File "train.py", line 9, in <module>\n' \
+           "    export()\nKeyboardInterrupt\n"
+    found = fl.classify(log_tail=tail, failure="interrupted: KeyboardInterrupt", cell_state="cancelled")
+    assert found == fl.Failure(fl.CANCELLED, "interrupted: KeyboardInterrupt")
+    assert fl.classify(log_tail=tail, failure="killed by SIGINT: KeyboardInterrupt").kind == fl.CANCELLED

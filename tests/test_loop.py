@@ -249,6 +249,28 @@ def test_a_signal_that_lands_after_the_steps_checkpoint_decision_still_checkpoin
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("global_step_*")) == ["global_step_1"]
 
 
+def test_a_signal_after_the_last_step_leaves_a_complete_run(tmp_path, monkeypatch):
+    from trainer import loop
+    from trainer.config import TrainerConfig
+
+    real_export = loop.checkpoint.export
+
+    def signal_then_export(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the run writes its export
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(loop.checkpoint, "export", signal_then_export)
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(**{**RESUMABLE, "max_steps": 2, "ckpt_interval": 0, "export_final": True})
+    stderr = io.StringIO()
+    loop.train(cfg, ckpt_dir=tmp_path / "ckpt", metrics_path=tmp_path / "metrics.jsonl",
+               stdout=io.StringIO(), stderr=stderr)  # returns: no Stopped, no KeyboardInterrupt
+
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("global_step_*")) == ["global_step_2"]
+    assert (tmp_path / "ckpt" / "export").is_dir()
+    assert "SIGINT after the last step: the run is complete" in stderr.getvalue()
+
+
 STOP_SIGNALS_PROGRAM = """
 import os, signal, sys, time
 from trainer import stopping

@@ -185,3 +185,14 @@ def test_every_cell_whose_job_cannot_be_made_is_reported_at_once(sweeper):
     assert "uneven: cannot make its SLURM job" in result.output and "too_many: cannot make its SLURM job" in result.output
     assert "2 errors found; nothing was run" in result.output
     assert not (sweeper.path / "runs" / ".dry-run").exists()
+
+
+def test_sweepkits_comment_follows_a_cells_own_and_is_no_array_key():
+    request = sb.JobRequest(name="g_a", comment="sweepkit cells g/a in /runs")
+    assert "#SBATCH --comment='sweepkit cells g/a in /runs'" in sb.header(request, folder=FOLDER)
+    own = sb.JobRequest(name="g_a", comment=request.comment, options={"comment": "budget 7"})
+    lines = sb.header(own, folder=FOLDER)
+    assert [line for line in lines if "--comment" in line] == [
+        "#SBATCH --comment='budget 7; sweepkit cells g/a in /runs'"]
+    other = sb.JobRequest(name="g_b", comment="sweepkit cells g/b in /runs")
+    assert request.array_key() == other.array_key()  # cells of one array differ in name and comment

@@ -431,3 +431,114 @@ def test_shell_metacharacters_reach_the_cell_as_data(sweeper):
                            "WRAPPED": "by-the-container"}
     assert seen["argv"] == [str(sweeper.path / "runs/inject/base/config.json")]
     assert not sentinel.exists()
+
+
+@on_cluster
+@pytest.mark.parametrize("second", [("grids/twice.py",), ("grids/twice.py::b", "grids/twice.py::c")],
+                         ids=["same-cells", "overlapping"])
+def test_two_drivers_on_the_same_cells_run_each_cell_once(sweeper, second):
+    # A third grid's cell holds the cap of 1, so both drivers plan their cells as fresh and
+    # wait; equal cells go out as one array of %1, and whichever driver gets the slot, the
+    # other must not submit the cells it sees complete meanwhile.
+    script_grid(sweeper, "blocker", "", steps=1, sleep=3.0)
+    script_grid(sweeper, "twice", """
+        b = sk.cell(steps=2)
+        c = sk.cell(steps=3)
+    """, steps=1, sleep=0.1)
+    blocker = background(sweeper, "run", "grids/blocker.py", "--executor", "slurm", "--max-parallel", "1")
+    drivers = []
+    try:
+        wait_for("the blocker to be submitted", lambda: (sweeper.path / "runs/.slurm/jobs.jsonl").exists(),
+                 every=0.1)
+        drivers = [background(sweeper, "run", *selection, "--executor", "slurm", "--max-parallel", "1")
+                   for selection in (("grids/twice.py",), second)]
+        codes = [driver.wait(timeout=DEADLINE_S) for driver in [blocker, *drivers]]
+    finally:
+        for driver in [blocker, *drivers]:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+                driver.wait()
+    logs = [path.read_text() for path in sorted(sweeper.path.glob("driver-*.log"))]
+    assert codes == [0, 0, 0], logs
+    twice = [event for event in read_events(sweeper.path / "events.jsonl") if event["event"] == "start"
+             and event["cell"].startswith("grids/twice.py::")]
+    assert sorted(event["cell"].split("::")[1] for event in twice) == ["b", "base", "c"], twice
+    assert "3 passed" in logs[1] and f"{4 - len(second)} passed" in logs[2], logs
+    assert all(len(state_of(sweeper, "twice", cell)["attempts"]) == 1 for cell in ("base", "b", "c"))
+
+
+def sacct_times(job_ids: list[str]) -> dict[str, tuple[str, str, str]]:
+    """(state, start, end) of each job, as sacct's ISO times (``Unknown`` before it happens)."""
+    masters = sorted({job_id.split("_")[0] for job_id in job_ids})
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,Start,End", "-j", ",".join(masters)],
+                         capture_output=True, text=True, check=True).stdout
+    rows = {fields[0]: (fields[1].split(" ")[0], fields[2], fields[3])
+            for fields in (line.split("|") for line in out.splitlines()) if len(fields) >= 4}
+    return {job_id: rows[job_id] for job_id in job_ids if job_id in rows}
+
+
+@on_cluster
+def test_a_job_its_killed_driver_never_recorded_is_cancelled_and_counted_by_the_next(sweeper):
+    # The driver dies the moment sbatch returns: its job is queued, but neither the runs
+    # dir's registry nor submitit's pickle knows it. The next driver must not run a second
+    # job beside it under a cap of 1 (that job would wait 60 s for its pickle, then fail).
+    script_grid(sweeper, "orphan", "other = sk.cell(mem_gb=0.26)", steps=2, sleep=0.5)
+    answers = sweeper.path / "orphans.txt"
+    fake = sweeper.write("fakebin/sbatch", f"""\
+        #!/bin/bash
+        out=$({shutil.which("sbatch")} "$@"); code=$?
+        echo "$out" >> {answers}
+        kill -9 $PPID  # the driver, before it reads the answer
+        exit $code
+    """)
+    fake.chmod(0o755)
+    sweeper.env["PATH"] = f"{fake.parent}{os.pathsep}{os.environ['PATH']}"
+    first = background(sweeper, "run", "--executor", "slurm", "--max-parallel", "1")
+    assert first.wait(timeout=60) == -signal.SIGKILL
+    del sweeper.env["PATH"]
+    orphan = answers.read_text().split()[-1]
+    assert sacct_states([orphan]).get(orphan) in ("PENDING", "RUNNING", ""), answers.read_text()
+
+    began = time.monotonic()
+    again = sweeper.run("run", "--executor", "slurm", "--max-parallel", "1", timeout=DEADLINE_S)
+    assert again.ret == 0, again
+    assert "2 passed" in again.stdout, again
+    assert time.monotonic() - began < 50  # not held up by the orphan's 60 s wait for its pickle
+    cells = starts(sweeper)
+    assert sorted(cells) == ["base", "other"] and all(len(events) == 1 for events in cells.values())
+    ran = [state_of(sweeper, "orphan", cell)["attempts"][0]["job_id"] for cell in cells]
+    times = wait_for("sacct to record the orphan's end", lambda: (
+        found if (found := sacct_times([orphan, *ran]))[orphan][2] != "Unknown" else None))
+    assert times[orphan][0] == "CANCELLED", times
+    # One job of the runs dir at a time: the orphan ended before either cell's job started.
+    assert all(times[orphan][2] <= times[job_id][1] for job_id in ran), times
+
+
+@on_cluster
+def test_a_cell_final_on_disk_is_final_whatever_slurm_still_holds_for_it(sweeper):
+    # After slurmctld is killed and started again it may requeue array tasks whose cells
+    # completed meanwhile (its saved state had them running): here the driver is paused
+    # while its cells complete and one task is put back in the queue, held, as that does.
+    script_grid(sweeper, "final", "other = sk.cell(steps=3)", steps=2, sleep=0.5)
+    driver = background(sweeper, "run", "--executor", "slurm")
+    tasks: list[str] = []
+    try:
+        wait_for("a cell to run", lambda: any(
+            (sweeper.path / f"runs/final/{cell}/state.json").exists()
+            and state_of(sweeper, "final", cell)["state"] == "running" for cell in ("base", "other")), every=0.1)
+        os.kill(driver.pid, signal.SIGSTOP)
+        tasks = [state_of(sweeper, "final", cell)["submission"]["job_id"] for cell in ("base", "other")]
+        wait_for("both tasks to complete", lambda: set(sacct_states(tasks).values()) == {"COMPLETED"})
+        subprocess.run(["scontrol", "requeuehold", tasks[0]], check=True, capture_output=True)
+        wait_for("the task to be queued again", lambda: sacct_states(tasks)[tasks[0]] in ("REQUEUED", "PENDING"))
+        os.kill(driver.pid, signal.SIGCONT)
+        assert driver.wait(timeout=60) == 0
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        subprocess.run(["scancel", *tasks], capture_output=True)
+    log = next(sweeper.path.glob("driver-*.log")).read_text()
+    assert "2 passed" in log, log
+    assert all(len(events) == 1 for events in starts(sweeper).values())
+    wait_for("the requeued task to be cancelled", lambda: sacct_states(tasks)[tasks[0]] == "CANCELLED")

@@ -7,8 +7,10 @@ from __future__ import annotations
 import subprocess
 import time
 
+from sweepkit import state as st
 from sweepkit.executors import sacct
-from sweepkit.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, Submission
+from sweepkit.executors.slurm import settle_orphans
+from sweepkit.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, Submission, job_comment, orphan_slots
 from test_slurm_executor import cluster, on_cluster, wait_for  # noqa: F401 (cluster: a fixture)
 
 
@@ -47,3 +49,59 @@ def test_pending_jobs_take_slots_and_ended_ones_free_them(tmp_path):
              lambda: all(not record.alive for record in sacct.query(ids).values()))
     assert registry.slots_used() == 0
     assert registry.read() == []  # entries whose jobs all ended are dropped
+
+
+def queued(*extra: str) -> str:
+    """A job that waits in the queue: on hold unless it waits on a dependency."""
+    hold = [] if any(arg.startswith("--dependency") for arg in extra) else ["--hold"]
+    out = subprocess.run(["sbatch", "--parsable", *hold, "--cpus-per-task=1", "--mem=100M",
+                          "--job-name=sweepkit_test_orphans", *extra, "--wrap", "true"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.strip().split(";")[0]
+
+
+@on_cluster
+def test_orphans_are_the_runs_dirs_unrecorded_jobs_and_the_driver_of_their_cell_settles_them(tmp_path):
+    runs = (tmp_path / "runs").resolve()
+    registry = Registry(runs)
+
+    def comment(*cells: str, runs_dir=runs) -> str:
+        return f"--comment={job_comment(runs_dir, [runs / 'g' / cell for cell in cells])}"
+
+    recorded = queued(comment("a"))
+    lone = queued(comment("b"))
+    array = queued(comment("c", "d", "e"), "--array=0-2%2")
+    head = queued(comment("h"))
+    link = queued(comment("h"), f"--dependency=afterany:{head}")
+    elsewhere = queued(comment("f", runs_dir=tmp_path / "other-runs"))
+    running = queued(comment("r"))
+    ids = [recorded, lone, array, head, link, elsewhere, running]
+    try:
+        registry.append(entry(JOB, recorded))
+        found = {orphan.job_id: orphan for orphan in registry.orphans()}
+        assert set(found) == {lone, f"{array}_0", f"{array}_1", f"{array}_2", head, link, running}
+        assert found[f"{array}_2"].cell_dir == runs / "g" / "e" and found[link].cell_dir == runs / "g" / "h"
+        # A job each, the array its %2, the link waiting on its head none.
+        assert orphan_slots(list(found.values())) == 1 + 2 + 1 + 0 + 1
+
+        # The driver of cells b, c, h and r: r's orphan runs its cell (it holds the lock and
+        # recorded the attempt), so it is adopted; its other cells' orphans are cancelled.
+        cell = runs / "g" / "r"
+        cell.mkdir(parents=True)
+        st.write_state(cell, st.CellState(nodeid="grids/g.py::r", state="running", config_hash="h",
+                                          attempts=[st.Attempt(n=1, executor="slurm", job_id=running)],
+                                          submission=st.Submission(executor="slurm", token="t")))
+        lock = st.CellLock(cell)
+        lock.acquire()
+        try:
+            settle_orphans(registry, {str(runs / "g" / name) for name in ("b", "c", "h", "r")})
+        finally:
+            lock.release()
+        assert [entry.job_id for entry in registry.read()] == [recorded, running]
+        # (A pending array task cancelled before it started leaves no record in sacct.)
+        wait_for("the cancelled orphans to leave the queue", lambda: {
+            job_id for row in sacct.listed() for job_id in row.ids if sacct.array_id(job_id) in ids} == {
+            recorded, f"{array}_1", f"{array}_2", elsewhere, running})
+        assert {orphan.job_id for orphan in registry.orphans()} == {f"{array}_1", f"{array}_2"}  # d, e: not its
+    finally:
+        sacct.cancel(ids)

@@ -12,7 +12,7 @@ import time
 import polars as pl
 
 from cell_program import read_events
-from test_run import script_grid, state_of
+from test_run import completed_grid, rerun_in_flight, script_grid, state_of
 
 
 def status_line(sweeper, nodeid: str) -> str:
@@ -71,3 +71,29 @@ def test_status_lists_cells_never_run(sweeper):
     result = sweeper.run("status")
     assert result.ret == 0, result
     assert "grids/g.py::other" in result.stdout and "not run" in result.stdout
+
+
+def test_mid_rerun_a_cell_not_started_again_shows_no_numbers_of_its_old_run(sweeper):
+    # Its old metrics.jsonl and stdout.log stay until it starts (so that an interrupted
+    # rerun loses nothing), but they are no results of the attempt it waits for.
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    grid = completed_grid(sweeper)
+    driver = rerun_in_flight(sweeper, grid)
+    try:
+        status = sweeper.run("status")
+        report = sweeper.run("report", "--format", "json")
+    finally:
+        os.killpg(driver.pid, signal.SIGINT)
+        driver.communicate(timeout=120)
+    assert status.ret == 0 and report.ret == 0, (status, report)
+    lines = {line.split()[0]: line.split()[1:] for line in status.stdout.splitlines() if line.startswith("grids/")}
+    assert lines["grids/g.py::base"][:3] == ["running", "2", "1"], status.stdout  # status, attempts, step
+    for cell in ("grids/g.py::c1", "grids/g.py::c2"):
+        assert lines[cell] == ["pending", "1"], status.stdout  # one attempt so far; no step, reward, age, job
+    tables = [json.loads(line) for line in report.stdout.splitlines() if line.startswith("{")]
+    for table in tables:
+        rows = {row["cell"]: row for row in table["rows"]}
+        assert rows["base"]["steps"] == 1
+        for cell in ("c1", "c2"):
+            numbers = {key: value for key, value in rows[cell].items() if key not in ("cell", "status", "diff")}
+            assert rows[cell]["status"] == "pending" and set(numbers.values()) == {None}, rows[cell]

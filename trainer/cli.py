@@ -4,13 +4,15 @@ The config is validated before torch is imported, so a typo costs
 milliseconds and exits 2 with the key named. A fresh run over existing
 checkpoints (``resume_mode=null``) exits 3 and deletes nothing. SIGTERM,
 SIGINT (Ctrl-C) or SIGUSR1 stops the run after its current step, with a
-checkpoint, and exits 128 + the signal (143 for SIGTERM, 130 for SIGINT).
+checkpoint, and exits 128 + the signal (143 for SIGTERM, 130 for SIGINT); once
+the last step has run there is nothing to stop: the run ends complete, exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer.data import DataError
     from trainer.loop import train
-    from trainer.stopping import Stopped
+    from trainer.stopping import SIGNALS, Stopped
 
     try:
         train(cfg, ckpt_dir=args.ckpt_dir, metrics_path=metrics)
@@ -81,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                  else "no step had run, nothing to checkpoint")
         print(f"sweep-train: {stopped}; {where}", file=sys.stderr)
         return stopped.exit_code
+    # The run is complete, so a stop signal has nothing left to stop while the process
+    # exits (a sweep's job follows the terminal's Ctrl-C with a SIGTERM a moment later).
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     return 0
 
 

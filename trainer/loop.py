@@ -63,6 +63,7 @@ import copy
 import hashlib
 import json
 import random
+import signal
 import sys
 import time
 from contextlib import ExitStack, contextmanager
@@ -265,10 +266,17 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
                 save(step)
             if progress is not None:
                 progress.update(step, last)
-            if stop.signum is not None:
+            if stop.signum is not None and step < total_steps:
                 stop_now(stop.signum)
-    if cfg.export_final:
-        checkpoint.export(ckpt_dir, model, tokenizer, dtype=precision.compute)
+        # The last step has run and is checkpointed: a stop asked for during it or since has
+        # nothing left to stop (the step's eval was skipped if the stop came first), and the
+        # run ends complete, exported. The handlers stay for the export: a signal during it
+        # is the same request.
+        if cfg.export_final:
+            checkpoint.export(ckpt_dir, model, tokenizer, dtype=precision.compute)
+        if stop.signum is not None:
+            print(f"sweep-train: {signal.Signals(stop.signum).name} after the last step: the run is complete",
+                  file=stderr, flush=True)
     return last
 
 

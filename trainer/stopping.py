@@ -7,7 +7,8 @@ Dying mid-step would lose everything since the last periodic checkpoint, and a
 chained cell whose ``ckpt_interval`` is 0 would start its next link from
 scratch. So the first SIGTERM, SIGINT (or SIGUSR1, for a warning asked with
 ``sbatch --signal``) only asks the loop to stop after the step it is in; the
-loop then checkpoints that step and exits with ``128 + signal``. Signals within
+loop then checkpoints that step and exits with ``128 + signal`` (after the last
+step, which is checkpointed anyway, it ends as a complete run). Signals within
 ``COALESCE_S`` of the first are the same request (Ctrl-C in a sweep reaches a
 cell as the terminal's SIGINT and, a moment later, its job's SIGTERM); a signal
 after that acts at once.

@@ -68,11 +68,15 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def take(self, pending: Sequence[CellJob]) -> list[CellJob]:
-        """The prepared cells, in order, that may be submitted now."""
+        """The prepared cells, in order, that may be submitted now. An executor may hold a
+        lock from here until ``submit`` (a cluster's submit lock), under which the runner
+        checks each cell once more before it is submitted."""
 
     @abc.abstractmethod
     def submit(self, jobs: Sequence[CellJob]) -> list[Handle]:
-        """Start or enqueue ``jobs``; one handle per job, in order."""
+        """Start or enqueue ``jobs``, the cells of the last ``take`` that the runner still
+        submits (maybe none: it is called after every ``take`` that returned cells); one
+        handle per job, in order."""
 
     @abc.abstractmethod
     def poll(self, handle: Handle) -> str:

@@ -10,15 +10,25 @@ torch: ``CUDA_VISIBLE_DEVICES`` when set, else ``nvidia-smi -L``.
 A local job is a process tree started by this driver (submitit's controller, then the
 job, then the cell's command). It does not die with the driver: a driver that is killed
 leaves its running cells running, holding their locks, and the next driver waits for them.
+
+The tree stays in the driver's process group, so the terminal's Ctrl-C reaches the job and
+the cell's command as it reaches the driver, but not the controller: it starts with SIGINT
+blocked. Interrupted, the controller would print its traceback on the terminal and kill
+the job a second later, before the job has recorded how the cell ended (a trainer first
+finishes its step, checkpoints it, or completes). The job takes SIGINT again
+(:func:`run_local_cell`); the driver cancels a job that has not started its cell with a
+SIGTERM to the controller, which forwards it to the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -99,7 +109,8 @@ class LocalExecutor(Executor):
             executor = submitit.LocalExecutor(folder=Path(job.cell_dir) / ".submitit")
             # gpus_per_node=0: submitit would number GPUs itself; the job sets the ids above.
             executor.update_parameters(timeout_min=NO_TIMEOUT_MIN, gpus_per_node=0)
-            submitted = executor.submit(run_cell, placed)
+            with _sigint_blocked():  # inherited by the controller; the job unblocks it
+                submitted = executor.submit(run_local_cell, placed)
             handle = Handle(executor=self.name, job_id=str(submitted.job_id), cell=placed,
                             job=submitted, gpu_ids=gpu_ids)
             self._running.append(handle)
@@ -142,12 +153,44 @@ class LocalExecutor(Executor):
         # traceback on the driver's terminal. Before the job has started, submitit's.
         attempt = _running_attempt(handle)
         if attempt is None:
-            handle.job.cancel()
+            try:
+                handle.job._process.send_signal(signal.SIGTERM)  # the controller forwards it to the job
+            except (AttributeError, ProcessLookupError):
+                pass
             return
         try:
             os.kill(attempt.pid, signal.SIGINT)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread for as long as it lasts (a Ctrl-C meanwhile is delivered
+    after); a process started meanwhile starts with it blocked."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def run_local_cell(job: CellJob) -> str:
+    """:func:`~sweepkit.job.run_cell` in a local job, which inherits SIGINT blocked from its
+    controller: it takes SIGINT (Ctrl-C, the driver's cancel) again, and SIGTERM (the
+    controller forwards it when the driver cancels the job before it started its cell; a
+    kill of the process group) as the same interrupt, not as submitit's signal to ignore."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return run_cell(job)
 
 
 def _running_attempt(handle: Handle):

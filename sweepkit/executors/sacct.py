@@ -14,6 +14,8 @@ is stored as its jobs' ids joined with commas (``123,124,125``, head first).
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -24,6 +26,8 @@ import attrs
 ALIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
                    "SUSPENDED", "CONFIGURING", "COMPLETING", "STAGE_OUT", "SIGNALING", "STOPPED",
                    "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+# Alive states of a job that ran and is queued to run again.
+REQUEUED = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 QUERY_TIMEOUT_S = 30
 
 
@@ -77,18 +81,10 @@ def query(job_ids: Iterable[str | None]) -> dict[str, JobRecord]:
     wanted = split_ids(job_ids)
     if not wanted:
         return {}
-    if shutil.which("sacct") is None:
-        raise SlurmUnavailable("sacct is not on PATH")
     masters = sorted({array_id(job_id) for job_id in wanted}, key=lambda value: int(value) if value.isdigit() else 0)
-    command = ["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Reason", "-j", ",".join(masters)]
-    try:
-        answer = subprocess.run(command, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise SlurmUnavailable(f"sacct: {error}") from None
-    if answer.returncode != 0:
-        raise SlurmUnavailable(f"sacct exited {answer.returncode}: {answer.stderr.strip()[:300]}")
+    answer = _ask(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Reason", "-j", ",".join(masters)])
     records: dict[str, JobRecord] = {}
-    for line in answer.stdout.splitlines():
+    for line in answer.splitlines():
         fields = line.split("|")
         if len(fields) < 4 or not fields[0]:
             continue
@@ -123,6 +119,34 @@ def in_queue(job_ids: Iterable[str | None]) -> set[str] | None:
     return {job_id for job_id in wanted if job_id in listed or array_id(job_id) in listed}
 
 
+@attrs.frozen
+class Listed:
+    """One row of ``squeue``: a job, a running array task, or the not-started tasks of an
+    array in one row (``ids`` has them all; ``parallelism`` is its ``%N``)."""
+
+    ids: tuple[str, ...]
+    state: str
+    reason: str
+    comment: str
+    parallelism: int | None = None
+
+
+def listed() -> list[Listed]:
+    """This user's jobs that ``squeue`` lists (the controller's view: a job is there the
+    moment sbatch returns). Raises :class:`SlurmUnavailable` when the controller cannot be asked."""
+    answer = _ask(["squeue", "-h", "-u", str(os.getuid()), "-o", "%i|%T|%r|%k"])
+    rows = []
+    for line in answer.splitlines():
+        fields = line.split("|", 3)
+        if len(fields) < 4 or not fields[0]:
+            continue
+        parallelism = re.search(r"%(\d+)\]$", fields[0])
+        rows.append(Listed(ids=tuple(_expand(fields[0])), state=fields[1].split()[0] if fields[1] else "",
+                           reason=fields[2], comment=fields[3],
+                           parallelism=int(parallelism[1]) if parallelism else None))
+    return rows
+
+
 def cancel(job_ids: Iterable[str | None]) -> list[str]:
     """``scancel`` the given jobs (chains split); returns the ids asked for. A job that
     has already ended is no error."""
@@ -130,3 +154,17 @@ def cancel(job_ids: Iterable[str | None]) -> list[str]:
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
     return ids
+
+
+def _ask(command: list[str]) -> str:
+    """The standard output of a SLURM query; :class:`SlurmUnavailable` when it cannot be asked."""
+    tool = command[0]
+    if shutil.which(tool) is None:
+        raise SlurmUnavailable(f"{tool} is not on PATH")
+    try:
+        answer = subprocess.run(command, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise SlurmUnavailable(f"{tool}: {error}") from None
+    if answer.returncode != 0:
+        raise SlurmUnavailable(f"{tool} exited {answer.returncode}: {answer.stderr.strip()[:300]}")
+    return answer.stdout

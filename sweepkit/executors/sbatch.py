@@ -61,13 +61,15 @@ def _pairs(value) -> tuple[tuple[str, str], ...]:
 
 @attrs.frozen(kw_only=True)
 class JobRequest:
-    """Resources and setup of one cell's job. Everything but ``name`` is the array key:
-    cells whose requests differ only by name may share a job array.
+    """Resources and setup of one cell's job. Everything but ``name`` and ``comment`` is the
+    array key: cells whose requests differ only by those may share a job array.
 
     ``time_limit`` is ``[D-]HH:MM:SS`` (None: the partition's default); ``options`` are
     extra ``#SBATCH --name=value`` options (an empty value for a flag); ``preamble`` lines
     run before the command (module loads, a container's setup); ``env`` is exported there;
-    ``chain`` is the number of jobs of the cell: a head and ``chain - 1`` links.
+    ``chain`` is the number of jobs of the cell: a head and ``chain - 1`` links;
+    ``comment`` is sweepkit's job comment (whose job it is), after a cell's own ``comment``
+    option where it has one.
     """
 
     name: str
@@ -84,9 +86,10 @@ class JobRequest:
     env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
     ray_bringup: str | None = None
     chain: int = 1
+    comment: str | None = None
 
     def __attrs_post_init__(self):
-        for key in ("name", "time_limit", "partition", "account", "qos"):
+        for key in ("name", "time_limit", "partition", "account", "qos", "comment"):
             _check_text(key, getattr(self, key) or "")
         for name, value in self.options:
             if not _OPTION_NAME.match(name):
@@ -105,7 +108,7 @@ class JobRequest:
             raise RequestError(f"chain: must be >= 1 job, got {self.chain}")
 
     def array_key(self) -> "JobRequest":
-        return attrs.evolve(self, name="")
+        return attrs.evolve(self, name="", comment=None)
 
 
 def _env_pairs(value) -> tuple[tuple[str, str], ...]:
@@ -187,7 +190,13 @@ def header(request: JobRequest, *, folder: str, array: tuple[int, int | None] | 
     if dependency:
         flags.append(("dependency", dependency))
     flags += [("output", stdout), ("error", stderr), ("open-mode", "append")]
-    flags += list(request.options)
+    options = list(request.options)
+    if request.comment:
+        if any(name == "comment" for name, _ in options):
+            options = [(name, f"{value}; {request.comment}" if name == "comment" else value) for name, value in options]
+        else:
+            flags.append(("comment", request.comment))
+    flags += options
     return [_flag(name, value) for name, value in flags]
 
 

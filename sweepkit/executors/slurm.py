@@ -21,7 +21,11 @@ variables the job function adds (:class:`~sweepkit.executors.sbatch.ScriptCell`)
 The cap (``--max-parallel N``, else the ``sweep_job_concurrency_cap`` hook, else none)
 is counted over every job this runs dir has in the queue, under the runs dir's submit
 lock (:mod:`sweepkit.executors.slurm_jobs`): :meth:`take` acquires the lock when it hands
-out cells and :meth:`submit` releases it once they are queued.
+out cells and :meth:`submit` releases it once they are queued; in between, the runner
+checks each cell's state again, so that a cell another driver took or finished meanwhile
+is not submitted. Every job's comment names its runs dir and cells: a job that a driver
+killed between sbatch and recording it left in the queue is counted too, and cancelled by
+the next driver that runs its cell (adopted, if it runs the cell already).
 
 Job states come from ``sacct`` (:mod:`sweepkit.executors.sacct`), one query per poll
 interval for every job this driver follows, so a driver (or ``sweep status``) keeps
@@ -54,7 +58,8 @@ from sweepkit.errors import UsageError
 from sweepkit.executors import sacct
 from sweepkit.executors import sbatch as sb
 from sweepkit.executors.base import DONE, QUEUED, RUNNING, Executor, Handle
-from sweepkit.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, SLURM_DIR, Submission, alive
+from sweepkit.executors.slurm_jobs import (ARRAY, CHAIN, JOB, SLURM_DIR, UNKNOWN_GRACE_S, Orphan, Registry,
+                                           Submission, alive, job_comment, orphan_slots)
 from sweepkit.hookspec import hookimpl
 from sweepkit.job import CellJob, added_env
 from sweepkit.launch import parse_time_limit
@@ -283,6 +288,7 @@ class SlurmExecutor(Executor):
         self.cap = cap
         self.registry = Registry(session.runs_dir)
         self._requests: dict[str, sb.JobRequest] = {}
+        self._cells: set[str] = set()  # the cell dirs of the jobs bound here
         self._parallelism: dict[tuple, int | None] = {}
         self._records: dict[str, sacct.JobRecord] = {}
         self._watched: dict[str, float] = {}  # job id -> when it was submitted (0: unknown)
@@ -306,6 +312,7 @@ class SlurmExecutor(Executor):
             file, line = cell.location
             raise UsageError(f"{file}:{line}: {cell.name}: cannot make its SLURM job: {error}") from None
         self._requests[job.token] = request
+        self._cells.add(str(Path(job.cell_dir).resolve()))
         return job
 
     # -- taking cells under the cap --------------------------------------------------------
@@ -314,25 +321,25 @@ class SlurmExecutor(Executor):
         pending = [job for job in pending if job.token in self._requests]
         if not pending:
             return []
-        if self.cap is None:
-            units = units_of(pending, self._requests)
-            for unit in units:
-                self._parallelism[self._unit_key(unit)] = None
-            return [job for unit in units for job in unit.jobs]
         if time.time() - self._cap_checked < CAP_RECHECK_S:
             return []  # the driver polls every 0.2 s; the queue is counted far less often
         self._cap_checked = time.time()
         units = units_of(pending, self._requests)
+        # Held until submit: the runner decides once more under it whether each cell is still
+        # this driver's to submit, and nobody else submits in between.
         self.registry.acquire()
         try:
-            free = self.cap - self.registry.slots_used()
+            orphans = settle_orphans(self.registry, self._cells)
+            free = None if self.cap is None else self.cap - self.registry.slots_used() - orphan_slots(orphans)
         except sacct.SlurmUnavailable:
-            free = 0  # cannot count: wait rather than overrun the cap
+            free = None if self.cap is None else 0  # cannot count: wait rather than overrun the cap
         taken: list[CellJob] = []
         for unit in units:
-            if free <= 0:
+            if free is None:  # no cap
+                parallelism = None
+            elif free <= 0:
                 break
-            if unit.kind == ARRAY:
+            elif unit.kind == ARRAY:
                 parallelism = min(len(unit.jobs), free)
                 free -= parallelism
             else:
@@ -377,16 +384,22 @@ class SlurmExecutor(Executor):
         if previous:
             sacct.cancel(previous)
 
+    def _commented(self, unit: Unit) -> sb.JobRequest:
+        """The unit's request with the comment that says whose job it is (``slurm_jobs``)."""
+        return attrs.evolve(unit.request, comment=job_comment(self.session.runs_dir,
+                                                              [job.cell_dir for job in unit.jobs]))
+
     def _submit_unit(self, unit: Unit, parallelism: int | None) -> list[str]:
         submitter_class = _submitter_class()
         folder = job_folder(unit.jobs[0])
         folder.mkdir(parents=True, exist_ok=True)
         now = time.time()
+        request = self._commented(unit)
         if unit.kind == CHAIN:
             job = unit.jobs[0]
             ids: list[str] = []
             for link in range(unit.request.chain):
-                submitter = submitter_class(folder, unit.request, script_cells(CHAIN, unit.jobs, link),
+                submitter = submitter_class(folder, request, script_cells(CHAIN, unit.jobs, link),
                                             dependency=sb.dependency_after(ids[-1:]) if ids else None)
                 ids.append(str(submitter.submit(run_link, job, link, unit.request.chain).job_id))
                 if link == 0:
@@ -394,8 +407,7 @@ class SlurmExecutor(Executor):
             chain = ",".join(ids)
             self._register(CHAIN, chain, unit.jobs, [chain], now)
             return [chain]
-        submitter = submitter_class(folder, unit.request, script_cells(unit.kind, unit.jobs),
-                                    parallelism=parallelism)
+        submitter = submitter_class(folder, request, script_cells(unit.kind, unit.jobs), parallelism=parallelism)
         if unit.kind == JOB:
             job_id = str(submitter.submit(run_link, unit.jobs[0]).job_id)
             self._register(JOB, job_id, unit.jobs, [job_id], now)
@@ -442,24 +454,43 @@ class SlurmExecutor(Executor):
         now = time.time()
         unfinished = [job_id for job_id, record in zip(ids, records)
                       if alive(record, self._watched.get(job_id, 0.0), now)]
+        if unfinished and handle.cell is not None:
+            unfinished = self._let_go(handle.cell, dict(zip(ids, records)), ids, unfinished)
         if not unfinished:
             if handle.cell is not None:
                 record_failure_classes(Path(handle.cell.cell_dir), dict(zip(ids, records)))
             return DONE
-        if handle.cell is not None and len(ids) > 1:
-            state = st.read_state(Path(handle.cell.cell_dir))
-            if state is not None and state.state == "completed" and state.last_attempt is not None:
-                # Links the finished link could not cancel (they were not recorded yet). Only
-                # those after it: the link that finished is left to exit on its own, even
-                # while sacct does not know it yet.
-                ran = state.last_attempt.job_id
-                after = ids[ids.index(ran) + 1:] if ran in ids else []
-                waiting = [job_id for job_id, record in zip(ids, records) if job_id in after
-                           and job_id in unfinished and (record is None or record.state == "PENDING")]
-                if waiting:
-                    sacct.cancel(waiting)
         running = any(record is not None and record.state == "RUNNING" for record in records)
         return RUNNING if running else QUEUED
+
+    @staticmethod
+    def _let_go(job: CellJob, records: dict[str, sacct.JobRecord | None], ids: list[str],
+                unfinished: list[str]) -> list[str]:
+        """A cell whose state on disk is final is final: what SLURM still holds for it that
+        is not running is cancelled and no longer waited for (returns the ids still to wait
+        for). That is the job that ran its last attempt when it is queued again (a
+        controller that was killed and started again requeues tasks that ended meanwhile),
+        and for a completed chain the links after it that the link could not cancel (they
+        were not recorded yet). A job that runs is left to exit on its own, even while
+        sacct does not know it yet, and so is one that sacct still shows pending while it
+        may just not have recorded its start."""
+        state = st.read_state(Path(job.cell_dir))
+        if state is None or state.state not in st.FINISHED or state.last_attempt is None \
+                or state.submission is None or state.submission.token != job.token:
+            return unfinished
+        attempt = state.last_attempt
+        ran = records.get(attempt.job_id)
+        waiting = []
+        # Pending long after it ended: sacct has long caught up with its start, so it is queued again.
+        if attempt.job_id in unfinished and ran is not None and (ran.state in sacct.REQUEUED or (
+                ran.state == "PENDING" and time.time() - (attempt.ended or time.time()) > UNKNOWN_GRACE_S)):
+            waiting.append(attempt.job_id)
+        if state.state == "completed" and attempt.job_id in ids:
+            waiting += [job_id for job_id in ids[ids.index(attempt.job_id) + 1:] if job_id in unfinished
+                        and (records.get(job_id) is None or records[job_id].state == "PENDING")]
+        if waiting:
+            sacct.cancel(waiting)
+        return [job_id for job_id in unfinished if job_id not in waiting]
 
     def error(self, handle: Handle) -> str | None:
         records = [record for record in self.records(handle.job_id) if record is not None]
@@ -493,17 +524,43 @@ class SlurmExecutor(Executor):
                 for link in range(unit.request.chain):
                     path = target / (f"{unit.request.name}.sbatch" if link == 0 else
                                      f"{unit.request.name}.link{link}.sbatch")
-                    path.write_text(sb.render(unit.request, folder=folder, python=python,
+                    path.write_text(sb.render(self._commented(unit), folder=folder, python=python,
                                               dependency=sb.dependency_after([PREVIOUS_LINK]) if link else None,
                                               cells=script_cells(CHAIN, unit.jobs, link)))
                     written.append(path)
                 continue
             array = (len(unit.jobs), self.cap) if unit.kind == ARRAY else None
             path = target / f"{unit.request.name}.sbatch"
-            path.write_text(sb.render(unit.request, folder=folder, python=python, array=array,
+            path.write_text(sb.render(self._commented(unit), folder=folder, python=python, array=array,
                                       cells=script_cells(unit.kind, unit.jobs)))
             written.append(path)
         return written
+
+
+def settle_orphans(registry: Registry, cells: set[str]) -> list[Orphan]:
+    """The runs dir's jobs that a driver killed between sbatch and recording them left in
+    the queue (``slurm_jobs``), all of which take slots; call under the registry's lock.
+    Of those that run one of ``cells`` (resolved cell dirs: the calling driver's), one that
+    runs its cell now is adopted (recorded, so it is counted and cancelled like any other);
+    the others are cancelled: their cells were planned again, and such a job would only
+    wait for a pickle its driver never moved into place, or find the cell another
+    submission's. Another driver's cells' orphans are left to whoever runs those cells."""
+    orphans = registry.orphans()
+    cancel = []
+    for orphan in orphans:
+        if orphan.cell_dir is None or str(orphan.cell_dir) not in cells:
+            continue
+        state = st.read_state(orphan.cell_dir)
+        attempt = state.last_attempt if state is not None else None
+        if state is not None and state.state == "running" and attempt is not None \
+                and attempt.job_id == orphan.job_id and st.is_locked(orphan.cell_dir):
+            token = state.submission.token if state.submission is not None else ""
+            registry.append(Submission(kind=JOB, job_id=orphan.job_id, submitted=time.time(), cells=[{
+                "nodeid": state.nodeid, "cell_dir": str(orphan.cell_dir), "token": token, "job_id": orphan.job_id}]))
+        else:
+            cancel.append(orphan.job_id)
+    sacct.cancel(cancel)
+    return orphans
 
 
 def record_failure_classes(cell_dir: Path, records: dict[str, sacct.JobRecord | None]) -> None:

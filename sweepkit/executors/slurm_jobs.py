@@ -10,6 +10,12 @@ a time, and its links waiting on a dependency do not count); an array takes as m
 it may run at once, ``min(its unfinished tasks, its %parallelism)``. Pending jobs count:
 they start without asking anyone, so a cap on running jobs can only hold if jobs are
 never queued beyond it.
+
+Every job carries the comment ``sweepkit cells <grid>/<cell>,... in <runs dir>``
+(:func:`job_comment`; an array's cells in task order). A job in the queue with this runs
+dir's comment that no line records is an orphan (:meth:`Registry.orphans`): its driver
+died between sbatch and recording it (the file is only appended under the lock, so no
+live driver has one). Orphans take slots as recorded jobs do.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,6 +39,50 @@ LOCK_FILE = "submit.lock"
 # sacct learns of a job a moment after sbatch returns: until then an unknown job is alive.
 UNKNOWN_GRACE_S = 120.0
 JOB, CHAIN, ARRAY = "job", "chain", "array"
+_COMMENT = re.compile(r"(?:^|; )sweepkit cells (\S+) in (.+)$")
+
+
+def job_comment(runs_dir: Path, cell_dirs) -> str:
+    """The comment of a job that runs these cells (an array's in task order) of ``runs_dir``."""
+    cells = ",".join(f"{Path(directory).parent.name}/{Path(directory).name}" for directory in cell_dirs)
+    return f"sweepkit cells {cells} in {Path(runs_dir).resolve()}"
+
+
+def comment_cells(comment: str, runs_dir: Path) -> list[Path] | None:
+    """The cell dirs a job's comment names, or None for a job that is not this runs dir's."""
+    found = _COMMENT.search(comment or "")
+    runs_dir = Path(runs_dir).resolve()
+    if found is None or found[2] != str(runs_dir):
+        return None
+    return [runs_dir / cell for cell in found[1].split(",")]
+
+
+@attrs.frozen
+class Orphan:
+    """A job (or array task) of this runs dir in the queue that the registry does not record,
+    with the cell it runs (None when its comment names none for its task); ``parallelism``
+    is its array's ``%N`` where squeue shows it."""
+
+    job_id: str
+    cell_dir: Path | None
+    state: str
+    reason: str = ""
+    parallelism: int | None = None
+
+
+def orphan_slots(orphans: Sequence[Orphan]) -> int:
+    """What the orphans take of the cap, counted as :meth:`Registry.slots_used` counts."""
+    used = 0
+    arrays: dict[str, list[Orphan]] = {}
+    for orphan in orphans:
+        if "_" in orphan.job_id:
+            arrays.setdefault(sacct.array_id(orphan.job_id), []).append(orphan)
+        elif not (orphan.state == "PENDING" and orphan.reason == "Dependency"):
+            used += 1  # a chain's link waiting on the link before takes none
+    for tasks in arrays.values():
+        parallelism = next((task.parallelism for task in tasks if task.parallelism), None)
+        used += min(len(tasks), parallelism or len(tasks))
+    return used
 
 
 @attrs.frozen(kw_only=True)
@@ -57,7 +108,8 @@ class Submission:
 
 class Registry:
     def __init__(self, runs_dir: Path):
-        self.directory = Path(runs_dir) / SLURM_DIR
+        self.runs_dir = Path(runs_dir)
+        self.directory = self.runs_dir / SLURM_DIR
         self.path = self.directory / REGISTRY_FILE
         self._lock_fd: int | None = None
 
@@ -148,6 +200,25 @@ class Registry:
             else:
                 used += 1
         return used
+
+    def orphans(self) -> list[Orphan]:
+        """This runs dir's jobs in the queue (their comment says so) that no entry records
+        (call under the lock). Raises ``sacct.SlurmUnavailable``."""
+        recorded: set[str] = set()
+        for entry in self.read():
+            recorded |= {entry.job_id, *entry.task_ids(), *sacct.split_ids(cell["job_id"] for cell in entry.cells)}
+        found = []
+        for row in sacct.listed():
+            cells = comment_cells(row.comment, self.runs_dir)
+            if cells is None:
+                continue
+            for job_id in row.ids:
+                if job_id in recorded or sacct.array_id(job_id) in recorded:
+                    continue
+                index = int(job_id.split("_")[1]) if "_" in job_id else 0
+                found.append(Orphan(job_id=job_id, cell_dir=cells[index] if index < len(cells) else None,
+                                    state=row.state, reason=row.reason, parallelism=row.parallelism))
+        return found
 
     def jobs_of(self, nodeids: set[str]) -> list[str]:
         """The unfinished job ids of the given cells (their chains and array tasks)."""
