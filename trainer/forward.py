@@ -19,7 +19,7 @@ import torch
 
 from trainer.batch import Batch
 from trainer.logprobs import linear_logprobs
-from trainer.losses import token_logprobs
+from trainer.losses import entropy_from_logits, token_logprobs
 
 
 def model_inputs(model, batch: Batch):
@@ -37,8 +37,6 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     head = model.get_output_embeddings()
     if body is None or head is None or getattr(head, "bias", None) is not None:
         logits = response_logits(model, batch, temperature)
-        from trainer.losses import entropy_from_logits
-
         return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
     input_ids, attention, positions = model_inputs(model, batch)
     hidden = body(input_ids=input_ids, attention_mask=attention, position_ids=positions,

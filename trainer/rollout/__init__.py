@@ -61,6 +61,18 @@ class Generation:
         return [row[:length] for row, length in zip(ids, lengths)]
 
     @classmethod
+    def cut_at_stop(cls, ids: torch.Tensor, stop_ids: torch.Tensor, *, pad_id: int, logprobs=None) -> "Generation":
+        """Sampled (B, R) ids (and log-probs) -> each row up to and including its first stop
+        token, pad and mask 0 after it, trimmed to the longest row."""
+        is_stop = torch.isin(ids, stop_ids).long()
+        before = is_stop.cumsum(dim=1) - is_stop  # stop tokens strictly before each position
+        mask = (before == 0).float()
+        longest = max(1, int(mask.sum(dim=1).max().item()))
+        return cls(response_ids=ids.masked_fill(mask == 0, pad_id)[:, :longest], response_mask=mask[:, :longest],
+                   stopped=(is_stop.bool() & (before == 0)).any(dim=1),
+                   logprobs=(logprobs * mask)[:, :longest] if logprobs is not None else None)
+
+    @classmethod
     def from_rows(cls, rows, *, stopped, pad_id: int, device, logprobs=None) -> "Generation":
         """Build from per-row token lists (engines that produce lists, e.g. vLLM)."""
         longest = max([1, *(len(r) for r in rows)])

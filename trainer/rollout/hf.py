@@ -83,11 +83,8 @@ class HFEngine(RolloutEngine):
         input_ids, attention_mask = left_pad(prompts, self.pad_id, self.device)  # (B, P)
         output = self.model.generate(input_ids, attention_mask=attention_mask, generation_config=generation)
         new_tokens = output[:, input_ids.shape[1] :]  # (B, R)
-        is_stop = torch.isin(new_tokens, torch.tensor(self.stop_ids, device=new_tokens.device)).long()
-        before = is_stop.cumsum(dim=1) - is_stop  # stop tokens strictly before each position
-        mask = (before == 0).float()  # up to and including the first stop token
-        return Generation(response_ids=new_tokens.masked_fill(mask == 0, self.pad_id), response_mask=mask,
-                          stopped=(is_stop.bool() & (before == 0)).any(dim=1))
+        return Generation.cut_at_stop(new_tokens, torch.tensor(self.stop_ids, device=new_tokens.device),
+                                      pad_id=self.pad_id)
 
     def sync_weights(self, model) -> None:
         if model is not self.model:

@@ -296,16 +296,8 @@ class StaticEngine(RolloutEngine):
         return self._collect(rows, steps)
 
     def _collect(self, rows: int, steps: int) -> Generation:
-        ids = self.out_tokens[:rows, :steps].clone()
-        logprobs = self.out_logprobs[:rows, :steps].clone()
-        is_stop = torch.isin(ids, self.stop_tensor)
-        before = is_stop.long().cumsum(dim=1) - is_stop.long()  # stop tokens strictly before each position
-        mask = (before == 0).float()
-        longest = max(1, int(mask.sum(dim=1).max().item()))
-        ids = ids.masked_fill(mask == 0, self.pad_id)[:, :longest]
-        return Generation(response_ids=ids, response_mask=mask[:, :longest],
-                          stopped=(is_stop & (before == 0)).any(dim=1),
-                          logprobs=(logprobs * mask)[:, :longest])
+        return Generation.cut_at_stop(self.out_tokens[:rows, :steps].clone(), self.stop_tensor, pad_id=self.pad_id,
+                                      logprobs=self.out_logprobs[:rows, :steps].clone())
 
     def _bucket(self, rows: int) -> int:
         if not self.cuda_graphs:
