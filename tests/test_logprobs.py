@@ -165,6 +165,31 @@ def test_bfloat16_gradients_are_close_and_come_back_in_bfloat16(chunk_tokens):
         assert (low.double() - exact).norm() <= 2**-6 * exact.norm()
 
 
+@pytest.mark.parametrize("chunk_tokens", [40, 96])
+def test_matmul_dtype_computes_as_on_cast_inputs_and_returns_gradients_in_the_inputs_dtype(chunk_tokens):
+    """fp32 masters under autocast: the matmuls run in bf16 (as on bf16 copies of the inputs),
+    the gradients land in fp32 for the fp32 weight and hidden."""
+    hidden, weight, _, targets = _inputs(9, 96, 32, 400, dtype=torch.float32, scale=3.0)
+    g = _generator(10)
+    grad_lp, grad_ent = torch.randn(96, generator=g), torch.randn(96, generator=g)
+    results = {}
+    for name in ("matmul_dtype", "cast"):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if name == "cast":
+            lp, ent = linear_logprobs(h.bfloat16(), w.bfloat16(), targets, with_entropy=True, chunk_tokens=chunk_tokens)
+        else:
+            lp, ent = linear_logprobs(h, w, targets, with_entropy=True, chunk_tokens=chunk_tokens,
+                                      matmul_dtype=torch.bfloat16)
+        torch.autograd.backward([lp, ent], [grad_lp, grad_ent])
+        results[name] = (lp, ent, h.grad, w.grad)
+    (lp, ent, h_grad, w_grad), (cast_lp, cast_ent, cast_h_grad, cast_w_grad) = results["matmul_dtype"], results["cast"]
+    assert torch.equal(lp, cast_lp) and torch.equal(ent, cast_ent)
+    assert h_grad.dtype == w_grad.dtype == torch.float32
+    torch.testing.assert_close(h_grad, cast_h_grad, rtol=0, atol=0)
+    # the cast path rounds the summed weight gradient to bf16 on its way back; this one keeps fp32
+    torch.testing.assert_close(w_grad, cast_w_grad, rtol=2**-7, atol=1e-6)
+
+
 def test_frozen_weight_or_hidden_gets_no_gradient():
     hidden, weight, _, targets = _inputs(8, 6, 4, 9)
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
@@ -299,3 +324,12 @@ def test_rejects_bad_arguments(change, message):
     options = {k: arguments.pop(k) for k in ("bias", "temperature", "chunk_tokens") if k in arguments}
     with pytest.raises(ValueError, match=message):
         linear_logprobs(arguments["hidden"], arguments["weight"], arguments["targets"], **options)
+
+
+def test_the_training_forward_passes_autocast_dtype_to_the_head():
+    from trainer.forward import autocast_dtype
+
+    x = torch.zeros(2)
+    assert autocast_dtype(x) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert autocast_dtype(x) == torch.bfloat16

@@ -518,9 +518,11 @@ PADDED = dict(model="tiny-random", dataset="gsm8k", train_batch_size=2, policy_m
               n_samples_per_prompt=2, micro_train_batch_size_per_gpu=4, max_generate_length=16)
 
 
-def test_training_attention_gives_every_padded_query_a_key(monkeypatch):
-    """The masks SDPA receives in the update: a query row with no key gets NaN gradients on cuDNN."""
+def test_training_attention_is_plain_causal_over_left_aligned_rows(monkeypatch):
+    """The update's SDPA calls get no mask at all (so the flash kernel can run): every row
+    starts at column 0 and its padding trails, where no real token looks."""
     from trainer.config import TrainerConfig
+    from trainer.forward import left_aligned
     from trainer.models import load_model_and_tokenizer
 
     torch.set_num_threads(1)
@@ -528,20 +530,58 @@ def test_training_attention_gives_every_padded_query_a_key(monkeypatch):
     model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
     batch = left_padded_rollout(tokenizer, "cpu", prompt_lengths=[9, 9, 3, 3], response_length=5,
                                 advantages=[1.0, -1.0, 1.0, -1.0])
-    masks = []
+    ids, starts = left_aligned(batch)
+    assert starts.tolist() == [9, 9, 3, 3] and ids.shape == (4, 14)
+    assert torch.equal(ids[2, :8], torch.cat([batch.prompt_ids[2, 6:], batch.response_ids[2]]))
+    calls = []
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def recording_sdpa(*args, attn_mask=None, **kwargs):
-        masks.append(attn_mask)
-        return real_sdpa(*args, attn_mask=attn_mask, **kwargs)
+    def recording_sdpa(*args, attn_mask=None, is_causal=False, **kwargs):
+        calls.append((attn_mask, is_causal, args[0].shape[-2]))
+        return real_sdpa(*args, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
     updated(cfg, batch, model)
-    assert masks and all(m is not None and m.dtype == torch.bool for m in masks)
-    assert any((~m).any() for m in masks)  # the padding is masked out
-    for mask in masks:
-        assert mask.any(dim=-1).all(), "a query row attends to no key"
-        assert not mask[2:, :, 6:, :6].any(), "a real token of a padded row sees padding"
+    assert calls and all(mask is None and causal and length == 14 for mask, causal, length in calls)
+
+
+def test_left_aligned_rows_stop_at_the_longest_sampled_token():
+    from trainer.batch import Batch
+    from trainer.forward import left_aligned
+    from trainer.rollout import Generation
+
+    generation = Generation.from_rows([[5, 6, 7], [8]], stopped=[True, True], pad_id=0, device="cpu")
+    batch = Batch.from_generation([[1, 2], [3, 4, 9, 9]], generation, n=1, pad_id=0, device="cpu")
+    ids, starts = left_aligned(batch)
+    assert starts.tolist() == [2, 4]
+    assert ids[:, :5].tolist() == [[1, 2, 5, 6, 7], [3, 4, 9, 9, 8]] and ids.shape[1] == 5
+
+
+def test_left_aligned_log_probs_equal_each_row_alone():
+    """Rows of different prompt and response lengths: the training forward's log-probs are
+    each row's own, computed unpadded."""
+    from trainer.batch import Batch
+    from trainer.config import TrainerConfig
+    from trainer.forward import response_logprobs
+    from trainer.models import load_model_and_tokenizer
+    from trainer.rollout import Generation
+
+    torch.set_num_threads(1)
+    cfg = TrainerConfig(**PADDED)
+    model, tokenizer = load_model_and_tokenizer(cfg, device="cpu", dtype="float32")
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (9, 2, 5)]
+    responses = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (3, 6, 1)]
+    generation = Generation.from_rows(responses, stopped=[True] * 3, pad_id=tokenizer.pad_token_id, device="cpu")
+    batch = Batch.from_generation(prompts, generation, n=1, pad_id=tokenizer.pad_token_id, device="cpu")
+    with torch.no_grad():
+        got, entropy = response_logprobs(model, batch, 0.7, with_entropy=True)
+        for row, (prompt, response) in enumerate(zip(prompts, responses)):
+            ids = torch.tensor([prompt + response])
+            logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1] / 0.7
+            alone = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+            torch.testing.assert_close(got[row, : len(response)], alone, rtol=1e-4, atol=1e-5)
+            assert not got[row, len(response):].any() and not entropy[row, len(response):].any()
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])

@@ -1,10 +1,12 @@
 """The policy's forward over a batch: log-probs (and entropies) of the sampled tokens.
 
-:func:`response_logprobs` is the training path: it runs the transformer body once,
-keeps the hidden states of the response tokens only (none of the prompt, none of
-the padding), and hands them with the lm_head weight to
-:func:`trainer.logprobs.linear_logprobs`, which computes log-probs and entropies
-chunk by chunk without ever holding (tokens x vocabulary) logits.
+:func:`response_logprobs` is the training path: it shifts each row's tokens to
+the left edge (:func:`left_aligned`), so padding only ever trails and plain
+causal attention is exact: no mask is built and SDPA takes its flash kernel. It
+runs the transformer body once, keeps the hidden states of the response tokens
+only (none of the prompt, none of the padding), and hands them with the lm_head
+weight to :func:`trainer.logprobs.linear_logprobs`, which computes log-probs and
+entropies chunk by chunk without ever holding (tokens x vocabulary) logits.
 :func:`response_logits` is the plain path (full logits through the HF head), kept
 for models without a separate body and head and as the reference the tests
 compare against.
@@ -38,16 +40,42 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     if body is None or head is None or getattr(head, "bias", None) is not None:
         logits = response_logits(model, batch, temperature)
         return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
-    input_ids, attention, positions = model_inputs(model, batch)
-    hidden = body(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                  use_cache=False).last_hidden_state  # (b, P+R, H)
-    prompt_width, response_width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    predicting = hidden[:, prompt_width - 1 : prompt_width - 1 + response_width]  # (b, R, H)
-    keep = batch.response_mask.bool()
-    weight = head.weight if head.weight.dtype == predicting.dtype else head.weight.to(predicting.dtype)
-    logprobs, entropy = linear_logprobs(predicting[keep], weight, batch.response_ids[keep],
-                                        temperature=temperature, with_entropy=with_entropy)  # (N,)
+    input_ids, starts = left_aligned(batch)
+    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
+    keep = batch.response_mask.bool()  # (b, R)
+    response_width = batch.response_ids.shape[1]
+    rows = torch.arange(batch.size, device=keep.device)[:, None].expand_as(keep)
+    columns = starts[:, None] - 1 + torch.arange(response_width, device=keep.device)  # predicts token j
+    predicting = hidden[rows[keep], columns[keep]]  # (N, H)
+    logprobs, entropy = linear_logprobs(predicting, head.weight, batch.response_ids[keep], temperature=temperature,
+                                        with_entropy=with_entropy, matmul_dtype=autocast_dtype(predicting))  # (N,)
     return _scatter(logprobs, keep), _scatter(entropy, keep) if with_entropy else None
+
+
+def autocast_dtype(tensor: torch.Tensor):
+    """The dtype autocast computes matmuls in on ``tensor``'s device, or None outside autocast."""
+    device_type = tensor.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def left_aligned(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's prompt then response tokens from column 0, padding trailing: (b, L) ids
+    and (b,) the column where each row's response starts.
+
+    A token then sits at its own position (column = position) and sees exactly
+    the tokens before it under a plain causal mask, so the forward needs neither
+    position ids nor an attention mask. Trailing padding is never seen by a real
+    token; L stops at the longest row's last sampled token.
+    """
+    prompt_width = batch.prompt_ids.shape[1]
+    prompt_lengths = batch.prompt_mask.sum(dim=1)  # (b,)
+    response_width = batch.response_ids.shape[1]
+    response_ends = (batch.response_mask.bool() * torch.arange(1, response_width + 1, device=batch.response_ids.device)
+                     ).amax(dim=1)  # (b,) one past each row's last sampled token
+    width = max(1, int((prompt_lengths + response_ends).max()))
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (b, P+R), prompts left-padded
+    source = torch.arange(width, device=ids.device) + (prompt_width - prompt_lengths)[:, None]
+    return ids.gather(1, source.clamp(max=ids.shape[1] - 1)), prompt_lengths
 
 
 def _scatter(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
