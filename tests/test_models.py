@@ -97,6 +97,17 @@ def test_random_shape_matches_the_published_parameter_count():
         load_model_and_tokenizer(TrainerConfig(model="random:gpt9"), device="cpu", dtype="float32")
 
 
+@pytest.mark.parametrize("dataset, vocabulary", [("synthetic", 8), ("gsm8k", 151936)])
+def test_random_shape_on_the_synthetic_task_speaks_its_eight_tokens(dataset, vocabulary):
+    """A 0.5B body on the synthetic task gets the task's vocabulary (a random policy is then
+    right about one time in ten); on any other dataset, the shape's own vocabulary."""
+    with torch.device("meta"):
+        model, tokenizer = load_model_and_tokenizer(TrainerConfig(model="random:qwen2.5-0.5b", dataset=dataset),
+                                                    device="meta", dtype="float32")
+    assert len(tokenizer) == vocabulary == model.get_output_embeddings().weight.shape[0]
+    assert model.config.num_hidden_layers == 24 and model.config.hidden_size == 896
+
+
 def test_random_policy_solves_the_synthetic_task_often_enough_for_grpo():
     """A group of 8 must hold a success often, yet the task must leave room to learn."""
     cfg = TrainerConfig(dataset="synthetic", synthetic_size=256, seed=42)

@@ -52,10 +52,7 @@ def load_model_and_tokenizer(
     """The policy (in train mode, on ``device`` in ``dtype``) and its tokenizer."""
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     if cfg.model == TINY_MODEL:
-        if cfg.dataset == "synthetic":
-            tokenizer = word_tokenizer(SYNTHETIC_WORDS)
-        else:
-            tokenizer = byte_tokenizer()
+        tokenizer = builtin_tokenizer(cfg)
         model = random_model(TINY_SHAPE, tokenizer, seed=cfg.seed, vocab_size=len(tokenizer))
     elif cfg.model.startswith(RANDOM_PREFIX):
         name = cfg.model[len(RANDOM_PREFIX):]
@@ -63,13 +60,22 @@ def load_model_and_tokenizer(
             known = ", ".join(RANDOM_PREFIX + n for n in RANDOM_SHAPES)
             raise ConfigError(f"model: unknown random shape {cfg.model!r}; known: {known}")
         shape = RANDOM_SHAPES[name]
-        tokenizer = byte_tokenizer(vocab_size=shape["vocab_size"])
-        model = random_model(shape, tokenizer, seed=cfg.seed)
+        tokenizer = builtin_tokenizer(cfg, vocab_size=shape["vocab_size"])
+        model = random_model(shape, tokenizer, seed=cfg.seed,
+                             vocab_size=len(tokenizer) if cfg.dataset == "synthetic" else None)
     else:
         model, tokenizer = pretrained(cfg.model, dtype=dtype)
     model.to(device=device, dtype=dtype)
     model.train()
     return model, tokenizer
+
+
+def builtin_tokenizer(cfg: TrainerConfig, *, vocab_size: int | None = None):
+    """The tokenizer of a model built here: the synthetic task's own eight tokens (so a
+    random policy is right about one time in ten, see trainer.tasks), else bytes."""
+    if cfg.dataset == "synthetic":
+        return word_tokenizer(SYNTHETIC_WORDS)
+    return byte_tokenizer(vocab_size=vocab_size)
 
 
 def pretrained(name_or_path: str, *, dtype: torch.dtype):
