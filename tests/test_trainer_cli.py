@@ -102,6 +102,12 @@ def test_gsm8k_end_to_end_with_overrides_and_inert_knobs(tmp_path):
     train = records[2]
     assert train["throughput/tokens_generated"] > 0 and 0 <= train["reward/mean"] <= 1
     assert (tmp_path / "ckpt" / "global_step_1" / "model.safetensors").is_file()
+    # what it is doing, as it does it: the run, the eval that precedes the first step, the end
+    said = [line for line in result.stderr.splitlines() if line.startswith("sweep-train: ")]
+    assert said[1].startswith("sweep-train: tiny-random on cpu (float32 compute, static engine): 1 steps of")
+    assert said[2].startswith("sweep-train: eval before the first step: ") and "eval_before_train=false" in said[2]
+    assert said[-1].startswith("sweep-train: done: 1 steps in ") and "metrics in metrics.jsonl" in said[-1]
+    assert "Writing model shards" not in result.stderr  # the export's progress bar
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")

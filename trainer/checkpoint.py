@@ -21,6 +21,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -172,6 +173,19 @@ def load_reference(ckpt_dir: Path, model, device) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _quiet_saving():
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def export(ckpt_dir: Path, model, tokenizer, *, dtype: Optional[torch.dtype] = None) -> Path:
     """``save_pretrained`` the policy and tokenizer to ``<ckpt-dir>/export``, replacing an older export.
 
@@ -182,16 +196,17 @@ def export(ckpt_dir: Path, model, tokenizer, *, dtype: Optional[torch.dtype] = N
     temp = ckpt_dir / f"{TEMP_PREFIX}export"
     shutil.rmtree(temp, ignore_errors=True)
     master = next(model.parameters()).dtype
-    if dtype is None or dtype == master:
-        model.save_pretrained(temp)
-    else:
-        state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-                 for name, tensor in model.state_dict().items()}
-        model.save_pretrained(temp, state_dict=state)
-        config = temp / "config.json"  # save_pretrained records the masters' dtype
-        written = json.loads(config.read_text())
-        written["dtype"] = str(dtype).removeprefix("torch.")
-        config.write_text(json.dumps(written, indent=2) + "\n")
+    with _quiet_saving():  # a shard progress bar per export is noise in a cell's stderr.log
+        if dtype is None or dtype == master:
+            model.save_pretrained(temp)
+        else:
+            state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+                     for name, tensor in model.state_dict().items()}
+            model.save_pretrained(temp, state_dict=state)
+            config = temp / "config.json"  # save_pretrained records the masters' dtype
+            written = json.loads(config.read_text())
+            written["dtype"] = str(dtype).removeprefix("torch.")
+            config.write_text(json.dumps(written, indent=2) + "\n")
     tokenizer.save_pretrained(temp)
     if final.exists():
         doomed = ckpt_dir / f"{TEMP_PREFIX}old-export"

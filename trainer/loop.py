@@ -120,6 +120,9 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
     total_steps = cfg.epochs * sampler.steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
+    print(f"sweep-train: {cfg.model} on {device} ({str(precision.compute).removeprefix('torch.')} compute, "
+          f"{backend} engine): {total_steps} steps of {cfg.train_batch_size} prompts x "
+          f"{cfg.n_samples_per_prompt} samples, up to {cfg.max_generate_length} new tokens", file=stderr, flush=True)
     # The reference never trains: it is kept in the compute dtype.
     reference = copy.deepcopy(model).to(precision.compute).eval().requires_grad_(False) if cfg.use_kl_loss \
         else None
@@ -168,7 +171,11 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
         logger.log("eval", at_step, metrics)
 
     if step == 0 and cfg.eval_before_train:
+        print(f"sweep-train: eval before the first step: {len(task.eval)} prompts x {cfg.eval_n_samples_per_prompt} "
+              f"samples (eval_before_train=false skips it, eval_limit=N shortens it)", file=stderr, flush=True)
         run_eval(0)
+    started = time.perf_counter()
+    first_step = step
     progress = progress_bar(cfg, stdout or sys.stdout, total=total_steps, done=step)
     last = {}
 
@@ -277,6 +284,9 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
         if stop.signum is not None:
             print(f"sweep-train: {signal.Signals(stop.signum).name} after the last step: the run is complete",
                   file=stderr, flush=True)
+    reward = f", last reward {last['reward/mean']:.3f}" if "reward/mean" in last else ""
+    print(f"sweep-train: done: {step - first_step} steps in {time.perf_counter() - started:.1f} s{reward}; "
+          f"metrics in {metrics_path}, checkpoints in {ckpt_dir}", file=stderr, flush=True)
     return last
 
 
