@@ -95,11 +95,25 @@ def build_parser(registry=None, parser_class=_Parser):
         p.add_argument("-m", dest="markexpr", metavar="MARKEXPR",
                        help="select cells by marks, e.g. 'not slow'")
         p.add_argument("--profile", metavar="NAME", help=f"rewrite every cell ({profiles or 'none'})")
-        p.add_argument("--failed", action="store_true", help="only the cells whose last run failed")
+        p.add_argument("--failed", "--lf", "--last-failed", dest="failed", action="store_true",
+                       help="only the cells whose last run failed (pytest's --lf)")
+        verbosity(p)
+
+    def verbosity(p):
+        p.add_argument("-q", "--quiet", dest="verbose", action="store_const", const=-1, default=0,
+                       help="less output: node ids only in list; no progress lines in run")
+        p.add_argument("-v", "--verbose", dest="verbose", action="store_const", const=1,
+                       help="more output: each cell's whole config in list")
 
     selection(command("list", "list the cells and their diff against base (collect only)"))
     run = command("run", "run the selected cells (skips completed ones)")
     selection(run)
+    run.add_argument("--collect-only", "--co", dest="collect_only", action="store_true",
+                     help="list the selected cells and run nothing (as 'sweep list')")
+    run.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1, default=0,
+                     help="start no more cells after the first failure (running ones finish)")
+    run.add_argument("--maxfail", dest="maxfail", type=int, metavar="N",
+                     help="start no more cells after N failures (running ones finish)")
     run.add_argument("--executor", metavar="NAME",
                      help=f"where cells run ({executors or 'none registered'}; default: chosen by plugins)")
     run.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
@@ -173,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         session = start_session(argv)
         session.configure()
         configured = session
-        return int(getattr(commands, f"cmd_{session.options.command}")(session))
+        command = session.options.command
+        if command == "run" and session.options.collect_only:
+            command = "list"  # pytest's `--collect-only`: what would run, and nothing runs
+        return int(getattr(commands, f"cmd_{command}")(session))
     except UsageError as exc:
         for index, line in enumerate(exc.lines):
             err.print(f"ERROR: {line}" if index == 0 else f"  {line}", markup=False)

@@ -89,8 +89,9 @@ class Row:
 class RunDisplay:
     """Rows keyed by node id; ``update`` changes one, ``event`` prints a line above them."""
 
-    def __init__(self, console: Console, nodeids: Sequence[str]):
+    def __init__(self, console: Console, nodeids: Sequence[str], *, quiet: bool = False):
         self.console = console
+        self.quiet = quiet  # -q: no progress lines between a cell's events
         self.rows = {nodeid: Row(nodeid=nodeid) for nodeid in nodeids}
         self.live = console.is_terminal
         self._live: Live | None = None
@@ -117,7 +118,8 @@ class RunDisplay:
         row = self.rows[nodeid]
         for key, value in changes.items():
             setattr(row, key, value)
-        if not self.live and row.status in ("running", "attached") and row.summary.step is not None:
+        if (not self.live and not self.quiet and row.status in ("running", "attached")
+                and row.summary.step is not None):
             now = time.time()
             if now - row.last_plain >= PLAIN_PROGRESS_EVERY_S:
                 row.last_plain = now

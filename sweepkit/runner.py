@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import attrs
+from rich.text import Text
 
 from sweepkit import plan as pl
 from sweepkit import state as st
@@ -28,7 +29,7 @@ from sweepkit.errors import UsageError
 from sweepkit.executors.base import DONE, Executor, Handle
 from sweepkit.hookspec import hookimpl
 from sweepkit.metrics import Follower, Summary
-from sweepkit.progress import RunDisplay, describe, fmt_duration
+from sweepkit.progress import STYLES, RunDisplay, describe, fmt_duration, label
 from sweepkit.session import ExitCode
 
 POLL_INTERVAL_S = 0.2
@@ -226,7 +227,10 @@ class Run:
         self.active: list[Tracked] = []
         self.attached: list[Tracked] = []
         self.outcomes: dict[str, str] = {}
-        self.display = RunDisplay(session.console, [plan.cell.nodeid for plan in plans])
+        self.reasons: dict[str, str] = {}  # why each failing cell failed, for the short summary
+        self.maxfail = getattr(session.options, "maxfail", 0) or 0
+        self.display = RunDisplay(session.console, [plan.cell.nodeid for plan in plans],
+                                  quiet=getattr(session.options, "verbose", 0) < 0)
         self.began = time.time()
         self.driver_lock = st.DriverLock(session.runs_dir)
 
@@ -439,6 +443,14 @@ class Run:
             parts.append(f"in {fmt_duration(attempt.ended - attempt.started)}")
         if attempt and attempt.failure and result != "passed":
             parts.append(f"({attempt.failure})")
+        if result in st.FAILING_OUTCOMES:
+            reason = attempt.failure if attempt and attempt.failure else f"the cell ended {label(result)}"
+            if result == "xpassed-strict":
+                reason = f"passed, but is marked xfail(strict=True): {xfail.reason}" if xfail.reason else \
+                    "passed, but is marked xfail(strict=True)"
+            log = directory / "stderr.log"
+            self.reasons[tracked.plan.cell.nodeid] = reason + (
+                f" (log: {self.session.display_path(log)})" if log.exists() else "")
         if result in ("xfailed", "xpassed", "xpassed-strict") and xfail.reason:
             parts.append(f"[xfail: {xfail.reason}]")
         self._finish(tracked, result, "  ".join(part for part in parts if part), summary=summary,
@@ -449,8 +461,25 @@ class Run:
     def _finish(self, tracked: Tracked, result: str, detail: str, **row) -> None:
         nodeid = tracked.plan.cell.nodeid
         self.outcomes[nodeid] = result
+        if result in st.FAILING_OUTCOMES:
+            self.reasons.setdefault(nodeid, detail or label(result))
         self.display.update(nodeid, status=result, **row)
         self.display.event(result, nodeid, detail)
+        failures = sum(outcome in st.FAILING_OUTCOMES for outcome in self.outcomes.values())
+        if self.maxfail and failures >= self.maxfail and self.queue:
+            self._stop_starting(failures)
+
+    def _stop_starting(self, failures: int) -> None:
+        """pytest's -x / --maxfail: the cells not yet started are cancelled; running ones finish."""
+        kept, self.queue = self.queue, []
+        self.display.event("cancelled", "run", f"stopping after {failures} failure{'s' * (failures != 1)} "
+                                               f"(--maxfail={self.maxfail}): {len(kept)} cells not started")
+        for tracked in kept:
+            pl.mark_cancelled(tracked.plan, driver=self.driver_lock.path)
+            nodeid = tracked.plan.cell.nodeid
+            self.outcomes[nodeid] = "cancelled"
+            self.reasons[nodeid] = f"not started (--maxfail={self.maxfail})"
+            self.display.update(nodeid, status="cancelled")
 
     def _summary(self) -> int:
         counts: dict[str, int] = {}
@@ -463,8 +492,23 @@ class Run:
             parts.append(f"{unfinished} not finished")
         failing = any(result in st.FAILING_OUTCOMES for result in self.outcomes.values()) or unfinished
         elapsed = time.time() - self.began
+        self._short_summary()
         self.session.console.print(f"==== {', '.join(parts) or 'no cells'} in {elapsed:.2f}s ====",
                                    style="bold red" if failing else "bold green", markup=False)
         if self.session.options.detach and unfinished:
             return ExitCode.OK  # submitted to a queue that runs them without this process
         return ExitCode.CELLS_FAILED if failing else ExitCode.OK
+
+    def _short_summary(self) -> None:
+        """pytest's "short test summary info": one line per failing cell, with why, in run order."""
+        failing = [(nodeid, result) for nodeid, result in self.outcomes.items() if result in st.FAILING_OUTCOMES]
+        if not failing:
+            return
+        console = self.session.console
+        console.print("==== short summary ====", style="bold", markup=False)
+        for nodeid, result in failing:
+            line = Text(f"{label(result)} ", style=STYLES.get(result, ""))
+            line.append(f"{nodeid} - {self.reasons.get(nodeid, label(result))}")
+            console.print(line, soft_wrap=True)
+        if any(result == "failed" for _, result in failing):
+            console.print("run the failed cells again with: sweep run … --lf", markup=False)
