@@ -27,11 +27,13 @@ are registered here, once, so a grid that sets them loads whatever cluster is ac
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import math
 import os
 import shlex
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Optional
 
 import attrs
@@ -81,7 +83,12 @@ class JobPieces:
     ``env``: variables to export; ``argv_prefix``: the container wrapper the cell's command
     runs inside (empty: none); ``python``: the interpreter that replaces ``{python}`` in
     the target's argv (None: keep sweepkit's); ``ray_bringup``: a bash fragment that starts
-    a Ray cluster over the job's nodes (None for a one-node cell).
+    a Ray cluster over the job's nodes (None for a one-node cell);
+    ``shared_filesystems``: the directories every compute node sees (the interpreter
+    ``srun`` starts for submitit, the driver's own, must live under one);
+    ``node_local_filesystems``: those each node has its own of (``/tmp``): an interpreter
+    there is refused. The SLURM executor checks both before it submits
+    (:func:`sweepkit.executors.slurm.interpreter_problem`).
     """
 
     cluster: str
@@ -96,6 +103,8 @@ class JobPieces:
     argv_prefix: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     python: Optional[str] = None
     ray_bringup: Optional[str] = None
+    shared_filesystems: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    node_local_filesystems: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
 
 
 # -- selection ------------------------------------------------------------------------
@@ -346,7 +355,7 @@ def job_time_limit(cell, profile: ClusterProfile) -> str:
 @attrs.frozen(kw_only=True)
 class Container:
     """``singularity exec`` (or ``apptainer exec``) of an image or sandbox dir, with a
-    venv's python inside it."""
+    venv's python inside it; ``env`` is set inside with ``--env NAME=VALUE``."""
 
     image: str
     venv: Optional[str] = None
@@ -354,6 +363,7 @@ class Container:
     pwd: Optional[str] = None
     binary: str = "singularity"
     no_home: bool = True
+    env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_tuple)
 
     def argv_prefix(self) -> list[str]:
         argv = [self.binary, "exec", "--nv"] + (["--no-home"] if self.no_home else [])
@@ -361,10 +371,57 @@ class Container:
             argv += ["--bind", ",".join(self.binds)]
         if self.pwd:
             argv += ["--pwd", self.pwd]
+        for name, value in self.env:
+            argv += ["--env", f"{name}={value}"]
         return argv + [self.image]
 
     def venv_bin(self, name: str) -> str:
         return f"{self.venv}/bin/{name}" if self.venv else name
+
+
+#: Directory names of installed packages: a module imported from one of these is not a
+#: source tree to bind and put on PYTHONPATH (that would shadow the venv's own packages).
+_INSTALLED_DIRS = ("site-packages", "dist-packages")
+
+
+def module_root(argv) -> str | None:
+    """The source tree the driver imports a ``python -m MODULE`` target's top package from
+    (the project checkout for the built-in ``-m trainer``), or None: no ``-m``, a module the
+    driver cannot find (it lives only in the cell's venv, as SkyRL's does) or one installed
+    in site-packages. Found with ``importlib.util.find_spec``, which does not import it."""
+    argv = list(argv)
+    if "-m" not in argv[:-1]:
+        return None
+    top = argv[argv.index("-m") + 1].split(".", 1)[0]
+    if not top or top.startswith("{"):
+        return None
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        location = Path(list(spec.submodule_search_locations)[0])
+    elif spec.origin and spec.origin not in ("built-in", "frozen"):
+        location = Path(spec.origin)
+    else:
+        return None
+    root = location.resolve().parent
+    if root.name in _INSTALLED_DIRS:
+        return None
+    return str(root)
+
+
+def code_roots(cell) -> tuple[str | None, str | None]:
+    """(the project root, the source tree of a ``-m`` target's module) of ``cell``: what
+    its command reads besides its cell dir, so what a container must see."""
+    root = cell.target.places.get("root")
+    return (str(root) if root else None), module_root(cell.target.argv)
+
+
+def _covered(path: str, roots) -> bool:
+    return any(Path(path).is_relative_to(root) for root in roots if root)
 
 
 def container_of(cell, environ: Mapping[str, str], *, cell_dir=None, default_binds=(),
@@ -374,6 +431,11 @@ def container_of(cell, environ: Mapping[str, str], *, cell_dir=None, default_bin
     ``$SWEEP_CONTAINER_BINDS`` (comma-separated) replaces ``default_binds``;
     ``$SWEEP_CONTAINER_PWD`` replaces the cell dir as the working dir inside;
     ``$SWEEP_SINGULARITY`` replaces ``binary``.
+
+    The project root and the source tree of a ``-m MODULE`` target (:func:`code_roots`) are
+    bound too, unless a bind covers them already, and that source tree is the
+    ``PYTHONPATH`` inside: the working dir is the cell dir, and the container's venv has
+    no sweepkit installed, so ``python -m trainer`` would not find the trainer otherwise.
     """
     launch = cell.launch()
     image = launch.get("container") or environ.get("SWEEP_CONTAINER")
@@ -381,9 +443,14 @@ def container_of(cell, environ: Mapping[str, str], *, cell_dir=None, default_bin
         return None
     binds = environ.get("SWEEP_CONTAINER_BINDS")
     bind_list = [b for b in binds.split(",") if b] if binds else [b for b in default_binds if b]
+    project, module = code_roots(cell)
+    for path in (project, module):
+        if path and not _covered(path, bind_list):
+            bind_list.append(path)
     pwd = environ.get("SWEEP_CONTAINER_PWD") or (str(cell_dir) if cell_dir is not None else None)
     return Container(image=image, venv=venv_of(cell, environ), binds=bind_list, pwd=pwd,
-                     binary=environ.get("SWEEP_SINGULARITY") or binary, no_home=no_home)
+                     binary=environ.get("SWEEP_SINGULARITY") or binary, no_home=no_home,
+                     env=[("PYTHONPATH", module)] if module else [])
 
 
 def venv_of(cell, environ: Mapping[str, str]) -> str | None:
@@ -396,6 +463,113 @@ def python_of(cell, environ: Mapping[str, str], container: Container | None) -> 
     return f"{venv}/bin/python" if venv else None
 
 
+def code_env(cell, environ: Mapping[str, str], container: Container | None) -> dict[str, str]:
+    """``PYTHONPATH`` for a cell whose venv's python runs a ``-m`` target outside a
+    container (inside one, :class:`Container` sets it): that venv has no sweepkit
+    installed either."""
+    module = code_roots(cell)[1]
+    if container is not None or module is None or python_of(cell, environ, None) is None:
+        return {}
+    return {"PYTHONPATH": module}
+
+
+def filesystems(environ: Mapping[str, str], names, fixed=()) -> tuple[str, ...]:
+    """The values of the variables ``names`` that are set, then the ``fixed`` paths."""
+    return tuple(dict.fromkeys([environ[name] for name in names if environ.get(name)] + list(fixed)))
+
+
+#: Directories every node has its own of: nothing there is seen by another node.
+NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+
+
+def node_local(environ: Mapping[str, str]) -> tuple[str, ...]:
+    return filesystems(environ, ("TMPDIR",), NODE_LOCAL)
+
+
 def make_dirs_line(*paths: str) -> str:
     """A preamble line creating ``paths`` (quoted) before anything writes there."""
     return "mkdir -p " + " ".join(shlex.quote(path) for path in paths)
+
+
+# -- offline compute nodes ----------------------------------------------------------------
+
+#: Values of the trainer's path keys that are built locally, never downloaded
+#: (``trainer/models.py``, ``trainer/data.py``).
+LOCAL_NAMES = ("tiny-random", "synthetic")
+LOCAL_PREFIXES = ("random:",)
+WARNED_KEY = "clusters.warned"
+
+
+def hub_names(cell) -> list[tuple[str, str]]:
+    """``(key, value)`` of the cell's path keys (the target's schema marks them) whose value
+    is a hub name: not a path (collection made every existing relative one absolute), not
+    one of the names the trainer builds locally."""
+    schema = cell.target.schema or {}
+    found = []
+    for key, spec in schema.items():
+        value = cell.config.get(key)
+        if not spec.get("path") or not isinstance(value, str) or not value:
+            continue
+        if os.path.isabs(value) or value.startswith((".", "~", "$")) or value in LOCAL_NAMES \
+                or value.startswith(LOCAL_PREFIXES):
+            continue
+        found.append((key, value))
+    return found
+
+
+def in_hub_cache(cache: str, value: str) -> bool:
+    """Whether ``huggingface_hub``'s cache dir ``cache`` holds a snapshot of repo ``value``
+    (``models--org--name`` or ``datasets--org--name``, as ``hf download`` leaves it)."""
+    name = value.replace("/", "--")
+    return any(any((Path(cache) / f"{kind}--{name}" / "snapshots").glob("*"))
+               for kind in ("models", "datasets") if (Path(cache) / f"{kind}--{name}" / "snapshots").is_dir())
+
+
+def warn(session, cell, key: str, message: str) -> None:
+    """Print a warning once per message (the message names the key and value, so every
+    cell with that value shares it), with where the first such cell set the key."""
+    warned = session.stash.setdefault(WARNED_KEY, set())
+    if message in warned:
+        return
+    warned.add(message)
+    file, line = cell.location_of(key)
+    session.err_console.print(f"warning: {file}:{line}: {cell.name}: {message}", markup=False, highlight=False)
+
+
+def submits(session) -> bool:
+    """Whether this command submits (``sweep run`` without ``--dry-run``): what a job would
+    only find out on a compute node is an error then, and a warning in a preview."""
+    options = session.options
+    return getattr(options, "command", None) == "run" and not getattr(options, "dry_run", False)
+
+
+def offline_problems(cell, session, *, hub_cache: str, venv: str | None, cluster: str) -> list[str]:
+    """What fails on a cluster whose jobs run offline (``HF_HUB_OFFLINE=1``, no internet).
+
+    - A hub name (``model="Qwen/Qwen2.5-1.5B-Instruct"``, ``dataset="gsm8k"``) with no
+      snapshot in the pre-staged cache ``hub_cache``: the job would fail at its first line,
+      after its wait in the queue. An error when submitting; in a dry run (or ``list``),
+      which is often typed where the cache is not, a warning.
+    - ``backend="vllm"``: a warning, always. sweepkit cannot see into the cell's venv; the
+      trainer's vLLM engine needs vllm installed there.
+    """
+    errors = []
+    for key, value in hub_names(cell):
+        if in_hub_cache(hub_cache, value):
+            continue
+        message = (f"{key}: {value!r} is a hub name, and {cluster}'s jobs run offline (HF_HUB_OFFLINE=1, "
+                   f"no internet on compute nodes) with no snapshot of it in the hub cache {hub_cache}; "
+                   f"pre-stage it on the login node (HF_HUB_CACHE={hub_cache} hf download {value}"
+                   + (" --repo-type dataset" if key == "dataset" else "")
+                   + f") or set {key} to a local path")
+        if submits(session):
+            errors.append(message)
+        else:
+            warn(session, cell, key, message + " (an error when submitting)")
+    if cell.config.get("backend") == "vllm":
+        warn(session, cell, "backend",
+             f"backend: 'vllm' needs vllm installed in the cell's venv ({venv or 'none set: $SWEEP_VENV'}); "
+             "sweepkit cannot check inside the container, and the trainer's vLLM engine has not been run on any "
+             "tested machine; a venv without vllm fails at the first rollout (for the seeds' Leonardo venv: "
+             "uv sync --extra vllm); backend='static' runs the trainer's own engine")
+    return errors

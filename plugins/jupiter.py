@@ -157,7 +157,20 @@ def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobP
         argv_prefix=container.argv_prefix() if container else (),
         python=clusters.python_of(cell, environ, container),
         ray_bringup=bringup,
+        shared_filesystems=shared_filesystems(environ),
+        node_local_filesystems=clusters.node_local(environ),
     )
+
+
+def shared_filesystems(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """What every Jupiter node sees: ``$WORK``, ``$SCRATCH``, ``$HOME``, ``$PROJECT`` and
+    the ``/e`` (scratch, data) and ``/p`` (home, project) file systems."""
+    return clusters.filesystems(environ, ("WORK", "SCRATCH", "HOME", "PROJECT", "DATA"), ("/e", "/p"))
+
+
+@hookimpl
+def sweep_cell_env(cell, session):
+    return clusters.code_env(cell, os.environ, container_of(cell, os.environ))
 
 
 LAUNCH_KEYS = (

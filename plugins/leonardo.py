@@ -12,7 +12,11 @@ Rules, each refused before anything is submitted:
 - A100-64GB ceilings on one node: ``gpu_memory_utilization`` above 0.85 OOMs eval, and a
   dense model of 32B or more (a MoE of 30B or more) OOMs in backward / weight sync; both
   are accepted only on a cell marked ``xfail`` (a ceiling probe);
-- ``num_nodes`` must agree with the GPU budget (:mod:`sweepkit_plugins.clusters`).
+- ``num_nodes`` must agree with the GPU budget (:mod:`sweepkit_plugins.clusters`);
+- offline compute nodes: a hub-name ``model`` / ``dataset`` with no snapshot in the
+  pre-staged hub cache (an error when submitting, a warning in a dry run), and
+  ``backend="vllm"`` (a warning: vllm must be in the cell's venv)
+  (:func:`sweepkit_plugins.clusters.offline_problems`).
 
 The cell's environment is offline (models and data pre-staged on the login node) with
 HOME, caches and the Triton compiler pointed at writable places. Everything
@@ -168,8 +172,10 @@ def ceiling_errors(cell) -> list[str]:
 @hookimpl
 def sweep_validate_cell(cell, session):
     environ = os.environ
+    offline = clusters.offline_problems(cell, session, hub_cache=offline_env(environ, in_container=False)
+                                        ["HF_HUB_CACHE"], venv=clusters.venv_of(cell, environ), cluster=CLUSTER.name)
     return (write_path_errors(cell, session, environ) + qos_errors(cell, environ)
-            + ceiling_errors(cell) + clusters.node_count_errors(cell, CLUSTER))
+            + ceiling_errors(cell) + clusters.node_count_errors(cell, CLUSTER) + offline)
 
 
 # -- the cell's environment and job script ---------------------------------------------------
@@ -250,9 +256,20 @@ def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobP
         argv_prefix=container.argv_prefix() if container else (),
         python=clusters.python_of(cell, environ, container),
         ray_bringup=bringup,
+        shared_filesystems=shared_filesystems(environ),
+        node_local_filesystems=clusters.node_local(environ),
     )
+
+
+def shared_filesystems(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """What every Leonardo node sees: ``$WORK``, the scratches, ``$HOME`` (read-only inside
+    the container, but the driver's interpreter runs outside it) and the GPFS roots."""
+    return clusters.filesystems(environ, ("WORK", "SCRATCH_FAST", "SCRATCH", "CINECA_SCRATCH", "HOME"),
+                                ("/leonardo", "/leonardo_work", "/leonardo_scratch", "/cineca"))
 
 
 @hookimpl
 def sweep_cell_env(cell, session):
-    return offline_env(os.environ, in_container=container_of(cell, os.environ) is not None)
+    container = container_of(cell, os.environ)
+    return {**offline_env(os.environ, in_container=container is not None),
+            **clusters.code_env(cell, os.environ, container)}

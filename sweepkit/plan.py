@@ -72,11 +72,28 @@ def checkpoint_dir(cell, session) -> Path | None:
 
 def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
               queued: Callable[[st.Submission], bool] | None = None,
-              checkpoints: Path | None = None) -> Plan:
+              checkpoints: Path | None = None, preview: bool = False) -> Plan:
     """``queued(submission)`` says whether a submitted job is still alive in its
     executor's queue (a cluster job that has not started, or a chain between links); a
     cell whose lock is free is then still taken, not a dead run. ``checkpoints`` is the
-    cell's checkpoint dir outside its cell dir (:func:`checkpoint_dir`), if it has one."""
+    cell's checkpoint dir outside its cell dir (:func:`checkpoint_dir`), if it has one.
+
+    ``preview`` (``--dry-run``): a cell the state on disk refuses (completed under another
+    profile or config, say a local smoke run, or holding checkpoints) is shown as the
+    fresh run ``--rerun`` would start, its note saying what a real run needs, so that a
+    dry run for a cluster shows every cell's job script; a running cell is still refused."""
+    try:
+        return _plan_cell(cell, runs_dir, rerun=rerun, resume=resume, queued=queued, checkpoints=checkpoints)
+    except PlanError as error:
+        if not preview or st.is_locked(st.cell_dir(runs_dir, cell)):
+            raise
+        return Plan(cell=cell, directory=st.cell_dir(runs_dir, cell), action=FRESH,
+                    note=f"previewed; a real run refuses it: {error}")
+
+
+def _plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
+               queued: Callable[[st.Submission], bool] | None,
+               checkpoints: Path | None) -> Plan:
     directory = st.cell_dir(runs_dir, cell)
     state = st.read_state(directory)
     if st.is_locked(directory):

@@ -124,12 +124,15 @@ def test_leonardo_single_node_cell(sweeper):
                  "export WANDB_MODE=offline"):
         assert line in text.splitlines()
     assert "ray start" not in text
-    # The cell runs in the sandbox with the venv's python, in its own dir.
+    # The cell runs in the sandbox with the venv's python, in its own dir; the project root and
+    # the trainer's source tree (this checkout) are bound, and that tree is the PYTHONPATH
+    # inside, so `-m trainer` is found although the container's venv has no sweepkit.
     env = leonardo_env(rendered.root)
     cell_dir = f"{env['WORK']}/sweeps/runs/gsm8k_throughput/base"
-    assert rendered.argv("base")[:10] == [
-        "singularity", "exec", "--nv", "--no-home", "--bind", f"{env['WORK']},{env['SCRATCH_FAST']}",
-        "--pwd", cell_dir, env["SWEEP_CONTAINER"], f"{env['SWEEP_VENV']}/bin/python"]
+    assert rendered.argv("base")[:14] == [
+        "singularity", "exec", "--nv", "--no-home", "--bind",
+        f"{env['WORK']},{env['SCRATCH_FAST']},{sweeper.path},{REPO}", "--pwd", cell_dir,
+        "--env", f"PYTHONPATH={REPO}", env["SWEEP_CONTAINER"], f"{env['SWEEP_VENV']}/bin/python", "-m", "trainer"]
 
 
 def test_leonardo_multi_node_cell(sweeper):
@@ -138,8 +141,9 @@ def test_leonardo_multi_node_cell(sweeper):
     check_golden("leonardo_multinode.sbatch", rendered.normalised("gsm8k_32b_base.sbatch"))
     text = rendered.text("gsm8k_32b_base.sbatch")
     env = leonardo_env(rendered.root)
+    # A SkyRL cell's module is not the driver's to bind: only the project root is added.
     wrapper = shlex.join(["singularity", "exec", "--nv", "--no-home", "--bind",
-                          f"{env['WORK']},{env['SCRATCH_FAST']}", "--pwd",
+                          f"{env['WORK']},{env['SCRATCH_FAST']},{sweeper.path}", "--pwd",
                           f"{env['WORK']}/sweeps/runs/gsm8k_32b/base", env["SWEEP_CONTAINER"]])
     assert "#SBATCH --nodes=2" in text.splitlines()
     assert f"{wrapper} {env['SWEEP_VENV']}/bin/ray start --head" in text
@@ -160,6 +164,8 @@ def test_jupiter_single_node_cell(sweeper):
     text = rendered.text("gsm8k_throughput_base.sbatch").splitlines()
     assert {"#SBATCH --account=reformo", "#SBATCH --reservation=reformo", "#SBATCH --nodes=1"} <= set(text)
     assert rendered.argv("base")[0] == f"{jupiter_env(rendered.root)['SWEEP_VENV']}/bin/python"
+    # No container: the venv's python finds the trainer through PYTHONPATH in the cell's environment.
+    assert f"  env:  PYTHONPATH={REPO}" in rendered.result.stdout.splitlines()
 
 
 def test_jupiter_multi_node_chain(sweeper):

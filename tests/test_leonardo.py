@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import attrs
 import pytest
@@ -168,3 +170,67 @@ def test_a_cell_without_time_limit_gets_its_qos_wall(sweeper):
             "allows") in debug
     normal = rendered.text("walls_base.sbatch").splitlines()
     assert "#SBATCH --time=23:59:00" in normal and "#SBATCH --qos=normal" in normal
+
+
+OFFLINE_GRID = '''
+import sweepkit as sk
+base = sk.base(model="Qwen/Qwen2.5-1.5B-Instruct", dataset="synthetic", backend="vllm", time_limit="00:30:00")
+'''
+
+
+def offline_run(sweeper, *args, hub=None):
+    sweeper.grid("hub", OFFLINE_GRID)
+    work = sweeper.path / "work"
+    work.mkdir(exist_ok=True)
+    if hub:
+        (work / "data" / "hub" / hub / "snapshots" / "0123abc").mkdir(parents=True)
+    env = {"WORK": str(work), "SCRATCH_FAST": str(sweeper.path / "scratch"), "SWEEP_CONTAINER": "", "SWEEP_VENV": "",
+           "SWEEP_HF_HOME": "", "SWEEP_CLUSTER": "", "PATH": str(Path(sys.executable).parent)}
+    return sweeper.run("run", "grids/hub.py", "--cluster", "leonardo", "--runs-dir", str(work / "runs"), *args,
+                       env=env)
+
+
+def test_a_hub_name_offline_is_a_warning_in_a_dry_run(sweeper):
+    result = offline_run(sweeper, "--dry-run")
+    assert result.ret == 0, result
+    (model,) = [line for line in result.stderr.splitlines() if "model: 'Qwen/Qwen2.5-1.5B-Instruct'" in line]
+    assert model.startswith("warning: grids/hub.py:2: base: model: 'Qwen/Qwen2.5-1.5B-Instruct' is a hub name")
+    assert "HF_HUB_OFFLINE=1" in model and "hf download Qwen/Qwen2.5-1.5B-Instruct" in model
+    assert "or set model to a local path" in model
+    assert "job script:" in result.stdout
+
+
+def test_a_hub_name_offline_is_refused_when_submitting(sweeper):
+    result = offline_run(sweeper)
+    assert result.ret == 4, result
+    assert "base: model: 'Qwen/Qwen2.5-1.5B-Instruct' is a hub name" in result.output
+    assert "nothing was run" in result.output
+
+
+def test_a_pre_staged_hub_name_passes(sweeper):
+    result = offline_run(sweeper, "--dry-run", hub="models--Qwen--Qwen2.5-1.5B-Instruct")
+    assert result.ret == 0, result
+    assert "is a hub name" not in result.output
+
+
+def test_backend_vllm_is_a_warning(sweeper):
+    result = offline_run(sweeper, "--dry-run")
+    (vllm,) = [line for line in result.stderr.splitlines() if "backend: 'vllm'" in line]
+    assert vllm.startswith("warning: grids/hub.py:2: base: backend: 'vllm' needs vllm installed in the cell's venv")
+    assert "backend='static'" in vllm
+
+
+def test_a_driver_interpreter_nodes_may_not_see_is_a_warning_in_a_dry_run(sweeper):
+    # This interpreter is under none of Leonardo's shared file systems once HOME is elsewhere.
+    sweeper.grid("g", '''
+        import sweepkit as sk
+        target = sk.command("{python}", "-c", "pass")
+        base = sk.base(lr=1.0, time_limit="00:30:00")
+    ''')
+    work = sweeper.path / "work"
+    env = {"WORK": str(work), "HOME": str(work), "SWEEP_CLUSTER": "", "PATH": str(Path(sys.executable).parent)}
+    result = sweeper.run("run", "--cluster", "leonardo", "--dry-run", "--runs-dir", str(work / "runs"), env=env)
+    assert result.ret == 0, result
+    if any(Path(sys.prefix).absolute().is_relative_to(root) for root in leonardo.shared_filesystems(env)):
+        pytest.skip(f"this interpreter's prefix {sys.prefix} is on a Leonardo file system")
+    assert f"warning: srun starts this driver's interpreter {sys.executable}" in result.stderr, result

@@ -196,3 +196,36 @@ def test_sweepkits_comment_follows_a_cells_own_and_is_no_array_key():
         "#SBATCH --comment='budget 7; sweepkit cells g/a in /runs'"]
     other = sb.JobRequest(name="g_b", comment="sweepkit cells g/b in /runs")
     assert request.array_key() == other.array_key()  # cells of one array differ in name and comment
+
+
+def test_an_arrays_common_environment_is_listed_once():
+    # Every task gets SHARED and the setup's WANDB_MODE; only SWEEP_CELL* differ per task.
+    request = cluster_request(env={"WANDB_MODE": "offline"})
+    cells = [script_cell(f"tbs{size}", SHARED="same", WANDB_MODE="offline") for size in (64, 128, 256)]
+    lines = sb.render(request, folder=FOLDER, python=PYTHON, array=(3, None), cells=cells).splitlines()
+    assert lines.count("#   env:     SHARED=same") == 1
+    assert lines.index("# every task:") < lines.index("#   env:     SHARED=same") < lines.index(
+        "# task 0: cell grids/g.py::tbs64")
+    assert "export WANDB_MODE=offline" in lines
+    assert not any(line.startswith("#   env:     WANDB_MODE=") for line in lines)  # the setup exports it
+    for size in (64, 128, 256):
+        assert lines.count(f"#   env:     SWEEP_CELL=grids/g.py::tbs{size}") == 1
+    # A task whose value differs from the others lists its own.
+    cells[1] = script_cell("tbs128", SHARED="other", WANDB_MODE="offline")
+    lines = sb.render(request, folder=FOLDER, python=PYTHON, array=(3, None), cells=cells).splitlines()
+    assert "# every task:" not in lines
+    assert lines.count("#   env:     SHARED=same") == 2 and lines.count("#   env:     SHARED=other") == 1
+
+
+def test_the_cluster_array_script_is_short(sweeper):
+    """The 18-cell throughput grid as one Leonardo array: what every task shares is listed
+    once (545 lines before, 20 variables repeated for every task)."""
+    from test_cluster_scripts import THROUGHPUT, dry_run
+
+    rendered = dry_run(sweeper, "leonardo", str(THROUGHPUT))
+    assert rendered.result.ret == 0, rendered.result
+    text = rendered.text("gsm8k_throughput_base+17.sbatch")
+    assert len(text.splitlines()) < 250
+    assert text.count("HF_HUB_OFFLINE=1") == 1  # exported once, never listed per task
+    assert text.count("#   env:     PYTHONUNBUFFERED=1") == 1
+    assert text.count("# task ") == 18

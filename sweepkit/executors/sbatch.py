@@ -135,25 +135,51 @@ class ScriptCell:
         for name, value in self.env:
             _check_text(f"env {name}", f"{name}={value}")
 
-    def comment(self, task: int | None = None) -> list[str]:
+    def comment(self, task: int | None = None, *, leave_out: frozenset = frozenset()) -> list[str]:
+        """The cell's lines; ``leave_out``: ``(name, value)`` pairs listed elsewhere."""
         lines = [("" if task is None else f"task {task}: ") + f"cell {self.nodeid}",
                  f"  dir:     {shlex.quote(self.cell_dir)}", f"  command: {shlex.join(self.argv)}"]
-        lines += [f"  env:     {name}={shlex.quote(value)}" for name, value in self.env]
+        lines += env_lines([pair for pair in self.env if pair not in leave_out])
         return ["# " + line for line in lines]
 
 
-def cells_comment(cells: Sequence[ScriptCell], *, array: bool) -> list[str]:
-    """The comment block listing what runs: one cell, or one per array task index."""
+def env_lines(pairs) -> list[str]:
+    return [f"  env:     {name}={shlex.quote(value)}" for name, value in pairs]
+
+
+def common_env(cells: Sequence[ScriptCell]) -> tuple[tuple[str, str], ...]:
+    """The variables every one of ``cells`` gets with the same value, sorted by name."""
+    if not cells:
+        return ()
+    shared = set(cells[0].env)
+    for cell in cells[1:]:
+        shared &= set(cell.env)
+    return tuple(pair for pair in cells[0].env if pair in shared)
+
+
+def cells_comment(cells: Sequence[ScriptCell], *, array: bool,
+                  exported: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """The comment block listing what runs: one cell, or one per array task index.
+
+    A variable the setup exports with the same value is not listed again; of an array,
+    the variables common to every task are listed once, before the tasks, which then list
+    only their own (an 18-task array listed the same 20 variables 18 times)."""
     if not cells:
         return ["# command: submitit runs sweepkit's job function, which runs the cell"]
+    leave_out = frozenset(exported)
     if array:
         lines = ["# command: submitit runs sweepkit's job function, which runs the command of task",
-                 "# $SLURM_ARRAY_TASK_ID in its cell's dir, with these variables added to the job's environment:"]
+                 "# $SLURM_ARRAY_TASK_ID in its cell's dir, with these variables added to the job's environment",
+                 "# (besides those the setup exports):"]
+        common = [pair for pair in common_env(cells) if pair not in leave_out]
+        if common:
+            lines += ["#", "# every task:"] + ["# " + line for line in env_lines(common)]
+        leave_out |= frozenset(common)
     else:
         lines = ["# command: submitit runs sweepkit's job function, which runs this command in the cell's",
-                 "# dir, with these variables added to the job's environment:"]
+                 "# dir, with these variables added to the job's environment (besides those the setup exports):"]
     for task, cell in enumerate(cells):
-        lines += ["#"] + cell.comment(task if array else None)
+        lines += ["#"] + cell.comment(task if array else None, leave_out=leave_out)
     return lines + ["#"]
 
 
@@ -221,7 +247,7 @@ def render(request: JobRequest, *, folder: str, python: str, array: tuple[int, i
     if request.ray_bringup:
         srun.append("--overlap")  # the Ray workers' steps hold the other nodes
     command = " ".join([shlex.join(srun), python, "-u", "-m", "submitit.core._submit", shlex.quote(folder)])
-    lines += [""] + cells_comment(cells, array=array is not None)
+    lines += [""] + cells_comment(cells, array=array is not None, exported=request.env)
     lines += ["export SUBMITIT_EXECUTOR=slurm", command, ""]
     return "\n".join(lines)
 

@@ -167,6 +167,35 @@ def wrap_argv(job: CellJob, cell, session) -> CellJob:
     return attrs.evolve(job, argv=wrapped(job.argv), resume_argv=wrapped(job.resume_argv) if job.resume_argv else ())
 
 
+def interpreter_problem(pieces, executable: str, prefix: str) -> tuple[str, str] | None:
+    """``("error" | "warning", message)`` when the interpreter ``srun`` starts for
+    submitit's job runner (this driver's own, ``executable``, with its packages under
+    ``prefix``) may not be there on a compute node; None when it is, or when the cluster's
+    pieces name no file systems. Under one of the pieces' ``shared_filesystems``: fine;
+    under one of their ``node_local_filesystems`` (``/tmp``): an error, every node has its
+    own; anywhere else: a warning (the cluster does not say whether its nodes see it)."""
+    shared = tuple(getattr(pieces, "shared_filesystems", ()) or ())
+    local = tuple(getattr(pieces, "node_local_filesystems", ()) or ())
+    if not shared and not local:
+        return None
+    cluster = getattr(pieces, "cluster", None) or "the cluster"
+    fix = (f"make the driver's venv on a shared file system ({', '.join(shared) or 'ask the cluster'}), e.g. "
+           "python -m venv $WORK/venvs/sweep && $WORK/venvs/sweep/bin/pip install -e <sweepkit checkout>, "
+           "and run sweep from it")
+    for path in dict.fromkeys([executable, prefix]):
+        where = Path(path).absolute()
+        if any(where.is_relative_to(root) for root in shared):
+            continue
+        what = f"srun starts this driver's interpreter {executable} (packages in {prefix}) on {cluster}'s compute node"
+        local_root = next((root for root in local if where.is_relative_to(root)), None)
+        if local_root is not None:
+            return "error", (f"{what}, but {path} is on {local_root}, which every node has its own of: the job "
+                             f"fails at its first line with 'No such file or directory'; {fix}")
+        return "warning", (f"{what}, but {path} is on none of the file systems {cluster}'s nodes are known to see "
+                           f"({', '.join(shared)}); if they do not see it the job fails at once; {fix}")
+    return None
+
+
 def script_cell(job: CellJob) -> sb.ScriptCell:
     """What ``job`` runs, as its job script lists it."""
     return sb.ScriptCell(nodeid=job.nodeid, cell_dir=job.cell_dir, argv=job.argv, env=added_env(job))
@@ -295,12 +324,30 @@ class SlurmExecutor(Executor):
         self._asked: set[str] = set()
         self._refreshed = 0.0
         self._cap_checked = 0.0
+        self._interpreter_checked = False
 
     @property
     def max_parallel(self) -> int | None:
         return self.cap
 
+    def _check_interpreter(self, cell) -> None:
+        """Once per executor (the interpreter is the driver's, the same for every cell):
+        an error stops a submission, a warning is printed (a dry run only warns)."""
+        if self._interpreter_checked:
+            return
+        self._interpreter_checked = True
+        pieces = self.session.hook.sweep_job_resources(cell=cell, session=self.session)
+        problem = interpreter_problem(pieces, sys.executable, sys.prefix)
+        if problem is None:
+            return
+        kind, message = problem
+        if kind == "error" and not getattr(self.session.options, "dry_run", False):
+            raise UsageError(message)
+        self.session.err_console.print(f"warning: {message}" + (" (an error when submitting)" if kind == "error"
+                                                                 else ""), markup=False, highlight=False)
+
     def bind(self, job: CellJob, cell) -> CellJob:
+        self._check_interpreter(cell)
         try:
             request = request_for(cell, self.session)
             job = wrap_argv(job, cell, self.session)
