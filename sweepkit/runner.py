@@ -54,7 +54,8 @@ def sweep_validate_cell(cell, session):
         return ["--rerun and --resume exclude each other: --rerun starts over, --resume continues"]
     try:
         pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
-                     queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session))
+                     queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session),
+                     preview=options.dry_run)
     except pl.PlanError as error:
         return [str(error)]
     return []
@@ -103,7 +104,8 @@ def run_cells(session, cells) -> int:
     for cell in cells:
         try:
             plans.append(pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
-                                      queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session)))
+                                      queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session),
+                                      preview=options.dry_run))
         except pl.PlanError as error:  # the state changed since validation
             file, line = cell.location
             errors.append(f"{file}:{line}: {cell.name}: {error}")

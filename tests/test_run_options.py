@@ -86,3 +86,17 @@ def test_quiet_display_prints_no_progress_lines():
         printed[quiet] = out.getvalue().splitlines()
     assert printed[False] == ["              g.py::a  step 3  0.5 s/step", "PASSED        g.py::a  step 3"]
     assert printed[True] == ["PASSED        g.py::a  step 3"]
+
+
+def test_dry_run_previews_a_cell_a_real_run_refuses(cpu_sweeper):
+    """A --cluster dry run after a local smoke run must still show every job: the
+    refusal a real run would give becomes the preview's note."""
+    grid = script_grid(cpu_sweeper, "g", "", steps=1)
+    assert cpu_sweeper.run("run").ret == 0
+    grid.write_text(grid.read_text().replace("steps=1", "steps=2"))  # the completed run is now stale
+    refused = cpu_sweeper.run("run")
+    assert refused.ret == 4 and "--rerun" in refused.stderr, refused
+    preview = cpu_sweeper.run("run", "--dry-run")
+    assert preview.ret == 0, preview
+    assert "previewed; a real run refuses it" in preview.stdout
+    assert "would run 1 fresh" in preview.stdout
