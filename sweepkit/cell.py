@@ -103,7 +103,10 @@ class Cell:
     ``resolved_paths`` maps each path-valued key whose relative value collection took
     from the project root to ``(as written, absolute)``: ``config`` holds the absolute
     path, the config hash the value as written. ``unprofiled`` is the cell as its grid
-    wrote it, before ``profile`` rewrote it (None without a profile).
+    wrote it, before ``profile`` rewrote it (None without a profile). ``index`` is the
+    cell's place in its grid, base first, as ``sweep list`` shows them: ``cell.json``
+    records it, so that ``sweep report`` lists a grid's cells in that order from disk alone
+    (the values of one axis or product share a line of the file).
     """
 
     grid: str
@@ -124,6 +127,7 @@ class Cell:
     resolved_paths: Mapping[str, tuple[str, str]] = attrs.field(
         factory=dict, converter=_dict, hash=False, eq=False)
     unprofiled: "Cell | None" = attrs.field(default=None, hash=False, eq=False, repr=False)
+    index: int | None = attrs.field(default=None, hash=False, eq=False)
 
     @property
     def nodeid(self) -> str:
@@ -174,6 +178,7 @@ class Cell:
             "marks": [{"name": m.name, "args": list(m.args), "kwargs": dict(m.kwargs)}
                       for m in self.marks],
             "location": list(self.location),
+            "index": self.index,
             "profile": self.profile,
             "profile_changes": {k: list(v) for k, v in self.profile_changes.items()},
             "config_hash": self.config_hash(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -54,8 +55,17 @@ def _selected(session: Session) -> list[Cell]:
 
 def cmd_list(session: Session) -> int:
     cells = _selected(session)
-    for cell in cells:
-        session.console.print(cell_line(cell))
+    if cells:
+        lines = [cell_line(cell) for cell in cells]
+        if session.console.is_terminal:
+            # One line a cell, cut with an ellipsis where the terminal ends (never inside the
+            # node id); a pipe or a file gets every line whole.
+            width = session.console.width
+            for cell, line in zip(cells, lines):
+                line.truncate(max(width, len(cell.nodeid)), overflow="ellipsis")
+        # One print of every line: a print per cell renders (and measures the terminal) as
+        # many times as the grid has cells.
+        session.console.print(Text("\n").join(lines))
     # Cells of the files named, not of a grid collected only to give another its base.
     named = {path.resolve() for path, _ in files_of_args(session.options.paths, session.rootdir)}
     total = sum(len(session.collected.get(path) or ()) for path in named)
@@ -162,15 +172,40 @@ def cmd_report(session: Session) -> int:
     return make_report(session, report_grids(session), session.options.format)
 
 
-def cmd_plugins(session: Session) -> int:
+def _plugins_table(rows: list[tuple[str, str, str]]) -> Table:
     table = Table(title="active plugins", title_justify="left")
     table.add_column("plugin", no_wrap=True)
     table.add_column("loaded by", no_wrap=True)
-    table.add_column("hooks", overflow="fold")
+    table.add_column("hooks")  # wraps between names: cmd_plugins keeps it as wide as the longest
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def cmd_plugins(session: Session) -> int:
+    rows, hook_names = [], []
     for name, module in session.pm.list_name_plugin():
-        table.add_row(name, plugin.how_loaded(session.pm, name, module),
-                      ", ".join(plugin.hooks_of(session.pm, module)))
-    session.console.print(table)
+        hooks = plugin.hooks_of(session.pm, module)
+        hook_names += hooks
+        rows.append((name, plugin.how_loaded(session.pm, name, module), ", ".join(hooks)))
+    longest = max((len(hook) + 1 for hook in hook_names), default=1)  # with its comma
+    table = _plugins_table(rows)
+    console = session.console
+    wide = console.options.update(max_width=100_000)
+    if console.is_terminal:
+        # Fit the terminal, but no narrower than the table whose hooks column holds one name
+        # a line: below that, rich would cut names to fit.
+        narrowest = _plugins_table([(name, how, "x" * longest) for name, how, _ in rows])
+        width = max(console.width, Measurement.get(console, wide, narrowest).maximum)
+    else:
+        # A pipe or a file: every plugin on one line, whatever $COLUMNS says, so that it greps.
+        width = Measurement.get(console, wide, table).maximum
+    before = console.width
+    console.width = width
+    try:
+        console.print(table)
+    finally:
+        console.width = before
     registry = session.registry
     for label, names in (("targets", registry.targets), ("executors", registry.executors),
                          ("profiles", registry.profiles), ("launch keys", registry.keys)):

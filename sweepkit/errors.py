@@ -1,5 +1,10 @@
 """The one exception type for bad input: its message is shown as-is, without a traceback."""
 
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
 
 class UsageError(Exception):
     """Bad input (grid file, command line, plugin); the message names the file, line or key."""
@@ -11,13 +16,19 @@ class UsageError(Exception):
 
 def display_path(path, rootdir) -> str:
     """A path as the user sees it: relative to ``rootdir`` when inside it."""
-    from pathlib import Path
-
     path = Path(path)
     try:
-        return path.resolve().relative_to(Path(rootdir).resolve()).as_posix()
+        return path.resolve().relative_to(_resolved_root(str(rootdir))).as_posix()
     except ValueError:
         return str(path)
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved_root(rootdir: str) -> Path:
+    # Resolved once per process: every cell's location and key locations are shown through
+    # display_path, and resolving the root (a walk of lstat calls) each time dominated
+    # `sweep list` of a large grid.
+    return Path(rootdir).resolve()
 
 
 def did_you_mean(name: str, candidates, n: int = 3) -> str:

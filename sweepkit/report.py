@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from pathlib import Path
 
 import polars as pl
-from rich.table import Table
 from rich.text import Text
 
 from sweepkit import failures, metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
-from sweepkit.progress import print_wide, status_text
+from sweepkit.progress import status_text
 from sweepkit.session import ExitCode
-from sweepkit.status import file_warnings
+from sweepkit.status import file_warnings, grid_order
+from sweepkit.tables import Column, print_table
 
 FORMATS = ("table", "csv", "md", "json", "parquet")
 REPORT_DIR = "report"
@@ -151,10 +150,6 @@ def _scan_jsonl(path: Path) -> pl.LazyFrame | None:
     return frame if schema["step"].is_integer() and schema["kind"] == pl.String else None
 
 
-def _natural(text: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
-
-
 def _diff_text(record) -> str:
     diff = (record or {}).get("diff") or {}
     return " ".join(f"{key}={json.dumps(after)}" for key, (_, after) in diff.items())
@@ -164,7 +159,7 @@ def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl
     """The two tables of one grid dir, optionally only for some of its cells."""
     views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
     job_states = failures.job_records(views)  # failure classes of SLURM attempts need their job states
-    views.sort(key=lambda view: (view.name != BASE_CELL, _line(view), _natural(view.name)))
+    views.sort(key=grid_order)  # as `sweep list` shows them, not by name
     cell_info = pl.LazyFrame(
         {
             "cell": [view.name for view in views],
@@ -193,11 +188,6 @@ def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl
               .with_columns(DELTA_VS_BASE))
     both = pl.collect_all([joined.select(columns) for columns in TABLES.values()])
     return dict(zip(TABLES, both))
-
-
-def _line(view: st.CellView) -> int:
-    location = (view.record or {}).get("location") or [None, 0]
-    return location[1] if isinstance(location[1], int) else 0
 
 
 def to_markdown(frame: pl.DataFrame) -> str:
@@ -273,7 +263,7 @@ def _print(session, grid: str, tables: dict[str, pl.DataFrame], fmt: str, writte
             # screen; the files keep every column.
             shown = frame.select(column for column in frame.columns
                                  if column in ("cell", "status") or frame[column].null_count() < frame.height)
-            print_wide(console, _rich_table(f"{grid}: {name}", shown))
+            _print_table(console, f"{grid}: {name}", shown)
         elif fmt == "csv":
             console.print(f"# {grid} {name}", markup=False)
             console.print(frame.write_csv(), markup=False, end="")
@@ -286,21 +276,54 @@ def _print(session, grid: str, tables: dict[str, pl.DataFrame], fmt: str, writte
     console.print(f"wrote {shown}", markup=False, style="dim" if fmt == "table" else None)
 
 
-def _rich_table(title: str, frame: pl.DataFrame) -> Table:
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
-    for column in frame.columns:
-        numeric = frame.schema[column].is_numeric()
-        table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
-    for row in frame.iter_rows(named=True):
-        values = []
-        for column, value in row.items():
-            if value is None:
-                values.append(Text(""))
-            elif column == "status":
-                values.append(status_text(value))
-            elif isinstance(value, float):
-                values.append(Text(f"{value:+.1f}%" if column == "delta_vs_base_pct" else f"{value:.4g}"))
-            else:
-                values.append(Text(str(value)))
-        table.add_row(*values)
-    return table
+# How each column of the tables shows on screen (the files keep the full names): a short
+# header, and at a narrow width the diff and failure cut, then the columns of least use
+# left out, lowest ``drop`` first (the diff before the timing split: a cell's id mostly
+# says what it changes).
+SCREEN = {
+    "cell": Column(header="cell"),
+    "status": Column(header="status"),
+    "steps": Column(header="steps", justify="right"),
+    "sec_per_step": Column(header="s/step", justify="right"),
+    "delta_vs_base_pct": Column(header="vs base", justify="right"),
+    "tok_per_s": Column(header="tok/s", justify="right", drop=7),
+    "gen_frac": Column(header="gen", justify="right", drop=6),
+    "train_frac": Column(header="train", justify="right", drop=5),
+    "sync_frac": Column(header="sync", justify="right", drop=2),
+    "ref_frac": Column(header="ref", justify="right", drop=1),
+    "memory_peak_gb": Column(header="mem GB", justify="right", drop=3),
+    "reward_first": Column(header="rew first", justify="right", drop=6),
+    "reward_last": Column(header="rew last", justify="right"),
+    "pass_at_1": Column(header="pass@1", justify="right", drop=3),
+    "pass_at_k": Column(header="pass@k", justify="right"),
+    "eval_k": Column(header="k", justify="right", drop=2),
+    "entropy_min": Column(header="min ent", justify="right", drop=5),
+    "grad_norm_max": Column(header="max grad", justify="right", drop=1),
+    "diff": Column(header="diff", floor=16, drop=4),
+    "failure": Column(header="failure", floor=16),
+}
+# Shares of the step's time, shown as percentages.
+FRACTIONS = ("gen_frac", "train_frac", "sync_frac", "ref_frac")
+
+
+def _screen_value(column: str, value) -> Text:
+    if value is None:
+        return Text("")
+    if column == "status":
+        return status_text(value)
+    if column == "delta_vs_base_pct":
+        return Text(f"{value:+.1f}%")
+    if column in FRACTIONS:
+        return Text(f"{value:.0%}")
+    if isinstance(value, float):
+        return Text(f"{value:.4g}")
+    return Text(str(value))
+
+
+def _print_table(console, title: str, frame: pl.DataFrame) -> None:
+    columns = [SCREEN.get(name, Column(header=name)) for name in frame.columns]
+    rows = [[_screen_value(column, value) for column, value in row.items()] for row in frame.iter_rows(named=True)]
+    dropped = print_table(console, columns, rows, title=title)
+    if dropped:
+        console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (the files written have them)",
+                      style="dim", markup=False)

@@ -13,6 +13,7 @@ from the project root instead (:func:`resolve_path` states the rule).
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import os
 from collections.abc import Callable, Mapping
@@ -74,6 +75,9 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
     A declaration that cannot be resolved (``on=`` a missing cell, an axis over a key its
     start lacks) is reported and left out; the others are still checked.
     """
+    # The cells of a grid name a handful of files, each thousands of times (every cell's
+    # location and the place of each of its keys): resolve each once.
+    display = functools.cache(display)
     problems = list(spec.problems)
     drafts = [Draft(name="base", start=spec.base_start, marks=spec.module_marks + spec.base.marks,
                     location=spec.base.location, keywords=frozenset({"base"}))]
@@ -121,7 +125,7 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
     schema = spec.target.schema or {}
     root = spec.target.places.get("root")
     cells = []
-    for d in drafts:
+    for index, d in enumerate(drafts):
         resolved = resolve_paths(d.start.config, schema, root) if root is not None else {}
         cells.append(Cell(
             grid=spec.grid, grid_name=spec.grid_name, name=d.name,
@@ -129,7 +133,7 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
             target=spec.target, diff=config_diff(base_config, d.start.config, schema),
             marks=d.marks, location=(display(d.location[0]), d.location[1]),
             keywords=d.keywords | {spec.grid_name} | {m.name for m in d.marks},
-            launch_keys=launch_keys, resolved_paths=resolved,
+            launch_keys=launch_keys, resolved_paths=resolved, index=index,
             key_locations={k: (display(f), line) for k, (f, line) in d.start.locations.items()}))
     if problems:
         # With the cells that could be built, so that their key errors come in the same round.

@@ -9,19 +9,34 @@ still holds until it starts are that run's.
 
 from __future__ import annotations
 
+import math
+import re
 import time
 
-from rich.table import Table
 from rich.text import Text
 
 from sweepkit import failures, metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
-from sweepkit.progress import fmt_duration, fmt_number, label, print_wide, status_text
+from sweepkit.progress import fmt_duration, fmt_number, label, status_text
 from sweepkit.session import ExitCode
+from sweepkit.tables import Column, print_table
 
 BAD_LINES_SHOWN = 3  # of a metrics file, named one by one; the rest are counted
-COLUMNS = ("cell", "status", "attempts", "step", "sec/step", "reward", "last metric", "job", "failure")
+# The table of ``sweep status``: a cell's node id and state are always shown whole; at a
+# narrow width the failure and the job are cut, then the job, the time since the last
+# metrics line and the reward are left out, in that order.
+COLUMNS = (
+    Column(header="cell"),
+    Column(header="status"),
+    Column(header="try", justify="right"),
+    Column(header="step", justify="right"),
+    Column(header="s/step", justify="right"),
+    Column(header="reward", justify="right", drop=3),
+    Column(header="updated", drop=2),
+    Column(header="job", floor=12, drop=1),
+    Column(header="failure", floor=16),
+)
 
 
 def file_warnings(cell: st.CellView, display=str, nodeid: str | None = None) -> list[str]:
@@ -46,6 +61,22 @@ def file_warnings(cell: st.CellView, display=str, nodeid: str | None = None) -> 
     return lines
 
 
+def grid_order(view: st.CellView) -> tuple:
+    """Sort key of a grid's cells in the order of its file, as ``sweep list`` shows them:
+    the place each cell's ``cell.json`` records (from when it last started); a cell whose
+    record has none (written by an older sweepkit, or unreadable) goes after them, by its
+    line in the file, then by its name, digits as numbers."""
+    record = view.record or {}
+    index = record.get("index")
+    location = record.get("location") or [None, 0]
+    line = location[1] if len(location) > 1 and isinstance(location[1], int) else 0
+    return (view.name != "base", index if isinstance(index, int) else math.inf, line, _natural(view.name))
+
+
+def _natural(text: str) -> list:
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part]
+
+
 def status_rows(runs_dir, specs, display=str) -> list[dict]:
     """One dict per cell with the values ``sweep status`` shows (plain values, for tests
     and other front ends); ``warnings`` lists what of its files cannot be read, with paths
@@ -59,6 +90,11 @@ def status_rows(runs_dir, specs, display=str) -> list[dict]:
     rows = []
     now = time.time()
     views = [st.view(directory) for directory in directories]
+    if not any(hasattr(spec, "grid_name") for spec in specs or ()):
+        # Found on disk, by name: each grid's cells in its file's order, the grids as found.
+        grids = list(dict.fromkeys(directory.parent for directory in directories))
+        pairs = sorted(zip(directories, views), key=lambda pair: (grids.index(pair[0].parent), grid_order(pair[1])))
+        directories, views = [d for d, _ in pairs], [v for _, v in pairs]
     records = failures.job_records(views)  # SLURM job states: liveness and failure classes
     for directory, cell in zip(directories, views):
         # A cell waiting to start over keeps its earlier run's files until it starts: none
@@ -92,22 +128,25 @@ def show_status(session, specs) -> int:
     if not rows:
         session.console.print(f"no runs under {session.display_path(session.runs_dir)}", markup=False)
         return ExitCode.OK
-    table = Table(box=None, pad_edge=False)
-    for column in COLUMNS:
-        table.add_column(column, no_wrap=True, justify="right" if column in ("attempts", "step", "sec/step", "reward") else "left")
-    for row in rows:
-        table.add_row(
-            Text(row["cell"]),
-            status_text(row["status"]),
-            str(row["attempts"]),
-            "" if row["step"] is None else str(row["step"]),
-            fmt_number(row["sec_per_step"]),
-            fmt_number(row["reward"]),
-            "" if row["metric_age_s"] is None else f"{fmt_duration(row['metric_age_s'])} ago",
-            Text(row["job"]),
-            Text(row["failure"] or ""),
-        )
-    print_wide(session.console, table)
+    values = [(
+        Text(row["cell"]),
+        status_text(row["status"]),
+        Text(str(row["attempts"])),
+        Text("" if row["step"] is None else str(row["step"])),
+        Text(fmt_number(row["sec_per_step"])),
+        Text(fmt_number(row["reward"])),
+        Text("" if row["metric_age_s"] is None else f"{fmt_duration(row['metric_age_s'])} ago"),
+        Text(row["job"] or ""),
+        Text(row["failure"] or ""),
+    ) for row in rows]
+    # A column no cell has a value in (no job submitted yet, no failure) is left out.
+    shown = [i for i, column in enumerate(COLUMNS)
+             if i < 2 or any(value[i].plain for value in values)]
+    dropped = print_table(session.console, [COLUMNS[i] for i in shown],
+                          [[value[i] for i in shown] for value in values])
+    if dropped:
+        session.console.print(f"left out to fit {session.console.width} columns: {', '.join(dropped)}",
+                              style="dim", markup=False)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1

@@ -89,3 +89,31 @@ def test_max_parallel_needs_at_least_one_cell(tmp_path):
         assert result.returncode == 4, result.stderr
         assert f"--max-parallel {value}: expected a number of cells of at least 1" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_list_cuts_long_lines_on_a_terminal_only(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from sweepkit import commands
+    from sweepkit.cli import start_session
+    from sweepkit.errors import UsageError
+
+    (tmp_path / "grids").mkdir()
+    (tmp_path / "grids" / "g.py").write_text(
+        'import sweepkit as sk\ntarget = sk.command("{python}", "-c", "pass")\nbase = sk.base(x=1, y="")\n'
+        'a_cell_whose_name_is_long = sk.cell(x=2, y="a value long enough to run past the edge")\n')
+    monkeypatch.chdir(tmp_path)
+    session = start_session(["list"])
+    out = io.StringIO()
+    session.console = Console(file=out, force_terminal=True, width=50, color_system=None, soft_wrap=True)
+    try:
+        commands.cmd_list(session)
+    except UsageError:
+        pass  # a plugin's environment check (a cluster's $WORK); the lines are printed first
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("grids/g.py::a_cell_whose_name_is_long  x=2") and lines[1].endswith("…")
+    assert all(len(line) <= 50 for line in lines[:2]), lines
+    piped = sweep("list", cwd=tmp_path)
+    assert 'y=a value long enough to run past the edge' in piped.stdout, piped

@@ -311,7 +311,7 @@ hub = sk.cell(data="org/dataset-on-the-hub")
 def test_the_trainer_target_says_which_keys_are_paths(sweeper):
     from trainer.config import schema
 
-    assert [key for key, spec in schema().items() if spec.get("path")] == ["model", "dataset"]
+    assert [key for key, spec in schema().items() if spec.get("path")] == ["model", "dataset", "teacher_model"]
     sweeper.grid("g", '''import sweepkit as sk
 base = sk.base(model="Qwen/Qwen2.5-1.5B-Instruct", dataset="../shared/data/gsm8k")
 ''')

@@ -1,5 +1,6 @@
 """Plugins: sweepconf.py next to the grids, -p modules, entry points, misspelt hooks, `sweep plugins`."""
 
+import io
 import os
 import subprocess
 import sys
@@ -134,3 +135,48 @@ def test_plugins_command_lists_plugins_and_their_hooks(sweeper):
     assert set(launch_keys.removeprefix("launch keys: ").split(", ")) >= {
         "gpus", "time_limit", "max_restarts", "env", "cpus", "mem_gb", "partition", "account", "qos",
         "nodes"}
+
+
+def hook_names() -> set[str]:
+    from sweepkit import hookspec
+
+    return {name for name in dir(hookspec) if name.startswith("sweep_")}
+
+
+def table_rows(output: str) -> list[list[str]]:
+    """The cells of each line of the `sweep plugins` table."""
+    return [[cell.strip() for cell in line.split("│")[1:-1]] for line in output.splitlines() if line.startswith("│")]
+
+
+def test_plugins_piped_keeps_each_plugin_on_one_line_whatever_the_width(sweeper):
+    sweeper.grid("g", GRID)
+    sweeper.write("launchplug.py", LAUNCH_PLUGIN)
+    known = hook_names()
+    for columns in ("60", "100"):
+        result = sweeper.run("-p", "launchplug", "plugins", env={"COLUMNS": columns})
+        assert result.ret == 0, result
+        rows = table_rows(result.stdout)
+        assert all(plugin for plugin, _, _ in rows), result.stdout  # no continuation lines
+        for plugin, _, hooks in rows:
+            assert set(hooks.split(", ")) <= known, (plugin, hooks)
+        assert "sweep_job_concurrency_cap" in dict((p, h) for p, _, h in rows)["clusters"]
+
+
+def test_plugins_on_a_narrow_terminal_wraps_between_hook_names_only(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from sweepkit import commands
+    from sweepkit.cli import start_session
+
+    monkeypatch.chdir(tmp_path)
+    session = start_session(["plugins"])
+    known = hook_names()
+    for width in (40, 90, 120):
+        out = io.StringIO()
+        session.console = Console(file=out, force_terminal=True, width=width, color_system=None, soft_wrap=True)
+        assert commands.cmd_plugins(session) == 0
+        rows = table_rows(out.getvalue())
+        words = [word for _, _, hooks in rows for word in hooks.replace(",", " ").split()]
+        assert words and set(words) <= known, (width, [w for w in words if w not in known])
+        if width >= 90:  # wide enough for the longest name: the table fits the terminal
+            assert max(len(line) for line in out.getvalue().splitlines() if line[:1] in "┏┃┡│└") <= width

@@ -119,3 +119,79 @@ def test_bare_report_covers_the_grids_that_ran_and_skips_the_others(reported):
     result = sweeper.run("report", "--format", "md")
     assert result.ret == 0, result
     assert "## g: throughput" in result.stdout and "never_run" not in result.stdout + result.stderr
+
+
+ORDERED_GRID = """
+    tbs = sk.axis("tbs", [512, 64, 128], id="tbs{tbs}")
+    sweep = sk.product(lr=[0.3, 0.03], seed=[10, 2], id="lr{lr}_s{seed}")
+    a_cell_with_a_name_long_enough_to_take_room = sk.cell(fail_at=2, note="a value long enough to crowd the diff column")
+"""
+GRID_ORDER = ["base", "tbs512", "tbs64", "tbs128", "lr0.3_s10", "lr0.3_s2", "lr3e-2_s10", "lr3e-2_s2",
+              "a_cell_with_a_name_long_enough_to_take_room"]
+
+
+@pytest.fixture(scope="module")
+def ordered(tmp_path_factory):
+    """A grid whose axis and product values are in no sorted order, run once."""
+    from conftest import Sweeper
+
+    project = tmp_path_factory.mktemp("ordered") / "project"
+    project.mkdir()
+    sweeper = Sweeper(project)
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    script_grid(sweeper, "g", ORDERED_GRID, steps=3, sleep=0.0, tbs=32, lr=0.1, seed=0, note="")
+    sweeper.grid("a_second", "import sweepkit as sk\ntarget = sk.command('{python}', '-c', 'pass')\n"
+                             "base = sk.base(x=1)\nx = sk.axis('x', [30, 4])\n")
+    listed = sweeper.run("list", "grids/g.py")
+    assert [line.split()[0] for line in listed.stdout.splitlines()[:-1]] == [f"grids/g.py::{n}" for n in GRID_ORDER]
+    run = sweeper.run("run", "--executor", "debug")
+    assert run.ret == 1, run  # the long-named cell fails
+    return sweeper
+
+
+def test_report_rows_follow_the_grid_file_and_grids_the_order_given(ordered):
+    result = ordered.run("report", "grids/g.py", "grids/a_second.py", "--format", "json")
+    assert result.ret == 0, result
+    tables = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [(t["grid"], t["table"]) for t in tables] == [("g", "throughput"), ("g", "accuracy"),
+                                                         ("a_second", "throughput"), ("a_second", "accuracy")]
+    assert [row["cell"] for row in tables[0]["rows"]] == GRID_ORDER
+    assert [row["cell"] for row in tables[2]["rows"]] == ["base", "x30", "x4"]  # not x4, x30
+    other_way = ordered.run("report", "grids/a_second.py", "grids/g.py", "--format", "json")
+    assert [json.loads(line)["grid"] for line in other_way.stdout.splitlines() if line.startswith("{")][::2] == \
+        ["a_second", "g"]
+    files = pl.read_parquet(ordered.path / "runs" / "g" / "report" / "accuracy.parquet")
+    assert files["cell"].to_list() == GRID_ORDER
+
+
+def test_status_rows_follow_the_grid_file_also_when_found_on_disk(ordered):
+    from sweepkit.status import status_rows
+
+    result = ordered.run("status", "grids/g.py")
+    assert [line.split()[0] for line in result.stdout.splitlines() if "::" in line] == \
+        [f"grids/g.py::{name}" for name in GRID_ORDER]
+    rows = status_rows(ordered.path / "runs", ["grids/g.py"])
+    assert [row["cell"] for row in rows] == [f"grids/g.py::{name}" for name in GRID_ORDER]
+
+
+def table_lines(output: str) -> list[str]:
+    """The header and row lines of the printed tables (not the titles, notes and file list)."""
+    return [line for line in output.splitlines()
+            if line.split()[:2] == ["cell", "status"] or "::" in line or line.split()[:1] and
+            line.split()[0] in GRID_ORDER]
+
+
+def test_report_and_status_fit_a_100_column_terminal(ordered):
+    for args in (("report", "grids/g.py"), ("status", "grids/g.py")):
+        result = ordered.run(*args, env={"COLUMNS": "100"})
+        assert result.ret == 0, result
+        lines = table_lines(result.stdout)
+        assert len(lines) >= len(GRID_ORDER) + 1, result.stdout
+        assert all(len(line.rstrip()) <= 100 for line in lines), "\n".join(lines)
+        failed = next(line for line in lines if "a_cell_with_a_name_long_enough_to_take_room" in line)
+        # The id whole, the failure there but cut where it does not fit.
+        assert failed.split()[0] in ("a_cell_with_a_name_long_enough_to_take_room",
+                                     "grids/g.py::a_cell_with_a_name_long_enough_to_take_room")
+        assert "EXCEPTION" in failed and failed.rstrip().endswith("…"), failed
+    wide = ordered.run("report", "grids/g.py", env={"COLUMNS": "300"})
+    assert "RuntimeError: boom at step 2" in wide.stdout and "note=" in wide.stdout, wide.stdout

@@ -7,10 +7,12 @@ trainer plugin can validate grid files against :func:`schema` without torch.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -149,6 +151,18 @@ class TrainerConfig:
     tis_imp_ratio_cap: float = attrs.field(default=2.0, validator=_positive, metadata=_doc(
         "cap C of the TIS weight min(pi_old / mu_rollout, C)"))
 
+    # -- on-policy distillation (trainer.distill) ------------------------------------------
+    teacher_model: Optional[str] = attrs.field(default=None, metadata=_doc(
+        "OPD: the frozen teacher (HF path, hub name, 'tiny-random', or another run's export/); "
+        "None: no teacher", path=True))
+    teacher_top_k: int = attrs.field(default=0, validator=_non_negative, metadata=_doc(
+        "OPD: 0 scores the sampled token's reverse KL (k1); K > 0 the KL over the teacher's "
+        "top-K ids plus a tail bucket (the seed's TOPK)"))
+    teacher_micro_batch_size: int = attrs.field(default=16, validator=_positive, metadata=_doc(
+        "OPD: sequences per teacher scoring forward"))
+    use_kl_in_reward: bool = attrs.field(default=False, metadata=_doc(
+        "OPD: the per-token reward is -KL(student || teacher) (needs teacher_model)"))
+
     # -- sampling ----------------------------------------------------------------------
     temperature: float = attrs.field(default=1.0, validator=_positive, metadata=_doc("rollout temperature"))
     top_p: float = attrs.field(default=1.0, validator=_fraction, metadata=_doc("rollout nucleus sampling"))
@@ -205,6 +219,15 @@ class TrainerConfig:
             raise ConfigError(
                 f"train_batch_size: {self.train_batch_size} is not a multiple of "
                 f"policy_mini_batch_size={self.policy_mini_batch_size}")
+        if (self.teacher_model is None) == self.use_kl_in_reward:
+            raise ConfigError(
+                "use_kl_in_reward: on-policy distillation needs both teacher_model and use_kl_in_reward=true "
+                f"(got teacher_model={self.teacher_model!r}, use_kl_in_reward={self.use_kl_in_reward}); "
+                "the KL in the reward is the one to the teacher")
+        if self.teacher_model is not None and self.advantage_estimator != "no_op":
+            raise ConfigError(
+                f"advantage_estimator: OPD's per-token -KL rewards are the advantages: set "
+                f"advantage_estimator='no_op' (got {self.advantage_estimator!r})")
         if self.advantage_estimator == "grpo" and self.n_samples_per_prompt < 2:
             # A group of one has no baseline: its GRPO advantage is 0 and nothing is learned.
             raise ConfigError(
@@ -308,20 +331,27 @@ def check_type(key: str, value: Any, tp) -> Any:
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
-def schema() -> dict[str, dict[str, Any]]:
+def schema() -> Mapping[str, Mapping[str, Any]]:
     """Every key of :class:`TrainerConfig`: ``{name: {"type", "type_name", "default", "doc", "path"}}``;
     ``path`` is True for the keys whose value may be a filesystem path (``model``, ``dataset``).
 
     Published for sweepkit's validation of grid files; needs neither torch nor transformers.
+    Built once per process (``typing.get_type_hints`` evaluates every annotation, and
+    validation asks once per cell) and shared, so it is read-only: copy it to change it.
     """
+    return _schema()
+
+
+@functools.cache
+def _schema() -> Mapping[str, Mapping[str, Any]]:
     hints = typing.get_type_hints(TrainerConfig)
     out = {}
     for field in attrs.fields(TrainerConfig):
-        out[field.name] = {
+        out[field.name] = types.MappingProxyType({
             "type": hints[field.name],
             "type_name": _type_name(hints[field.name]),
             "default": field.default,
             "doc": field.metadata.get("doc", ""),
             "path": field.metadata.get("path", False),
-        }
-    return out
+        })
+    return types.MappingProxyType(out)
