@@ -1,6 +1,6 @@
-"""GSM8K-style rows from disk or the hub, the Example value, and the resumable prompt sampler.
+"""GSM8K and MATH rows from disk or the hub, the Example value, and the resumable prompt sampler.
 
-A GSM8K source is one of
+A source is one of
 
 * a directory holding ``<split>.jsonl`` or ``<split>.parquet`` (or the hub's layout,
   ``[main/]<split>-00000-of-00001.parquet``);
@@ -8,7 +8,17 @@ A GSM8K source is one of
 * ``"gsm8k"`` / ``"openai/gsm8k"``: the hub's ``main`` config, downloaded once into the
   HF cache; with ``HF_HUB_OFFLINE=1`` only an already cached copy is used.
 
-Rows need ``question`` and ``answer`` fields, the answer ending in ``#### <number>``.
+What the rows hold says which task they are (:func:`dataset_rows`), so a path needs no
+second key naming its task:
+
+* GSM8K rows have ``question`` and ``answer``, the answer ending in ``#### <number>``;
+* MATH rows have ``problem`` and either ``answer`` (the reference answer itself, as
+  MATH-500 has it) or ``solution``, whose last ``\\boxed{...}`` is the reference answer
+  (Hendrycks MATH); ``answer`` wins when a row has both. Only local MATH copies are read:
+  ``"math"`` (:data:`MATH_NAMES`) names the task, and the error says to pass a path.
+
+Every row is checked as it is read; the first bad one stops the load, naming its file and
+line (jsonl) or row (parquet). Rows come out as ``{"question", "answer"}`` for either task.
 """
 
 from __future__ import annotations
@@ -21,9 +31,12 @@ from typing import Iterator, Sequence
 
 import attrs
 
+from trainer.math_reward import last_boxed
 from trainer.rewards import parse_gold
 
+TASKS = ("gsm8k", "math")
 HUB_NAMES = ("gsm8k", "openai/gsm8k")
+MATH_NAMES = ("math",)
 HUB_REPO = "openai/gsm8k"
 HUB_CONFIG = "main"
 
@@ -44,12 +57,43 @@ class Example:
 
 def gsm8k_rows(source: str, split: str) -> list[dict]:
     """The ``{"question", "answer"}`` rows of ``split`` from a path or the hub name."""
+    return dataset_rows(source, split, task="gsm8k")[1]
+
+
+def math_rows(source: str, split: str) -> list[dict]:
+    """The ``{"question", "answer"}`` rows of a MATH ``split`` (``answer``: the reference answer)."""
+    return dataset_rows(source, split, task="math")[1]
+
+
+def dataset_rows(source: str, split: str, *, task: str | None = None) -> tuple[str, list[dict]]:
+    """``(task, rows)`` of ``split``: the task the rows' fields say (``"gsm8k"`` or ``"math"``),
+    or ``task`` when given, every row then checked against it."""
     if source in HUB_NAMES:
-        return _rows_from(_split_file(_hub_snapshot(), split))
-    path = Path(source)
-    if not path.exists():
-        raise DataError(f"dataset: {source!r} is neither 'synthetic', 'gsm8k' nor an existing path")
-    return _rows_from(path if path.is_file() else _split_file(path, split))
+        path = _split_file(_hub_snapshot(), split)
+        task = task or "gsm8k"
+    elif source in MATH_NAMES:
+        raise DataError(f"dataset: {source!r} is read from a local copy only; pass the path of a "
+                        f"directory holding train/test .jsonl or .parquet with problem and solution "
+                        f"(or answer) fields, or of one such file (dataset=/path/to/math)")
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise DataError(f"dataset: {source!r} is neither 'synthetic', 'gsm8k' nor an existing path")
+        if not path.is_file():
+            path = _split_file(path, split)
+    rows = _raw_rows(path)
+    task = task or _task_of(*rows[0])
+    check = _checked_math if task == "math" else _checked_gsm8k
+    return task, [check(where, row) for where, row in rows]
+
+
+def _task_of(where: str, row) -> str:
+    if isinstance(row, dict) and "problem" in row:
+        return "math"
+    if isinstance(row, dict) and "question" in row:
+        return "gsm8k"
+    raise DataError(f"{where}: expected an object with 'question' and 'answer' (GSM8K) or 'problem' "
+                    f"and 'solution' or 'answer' (MATH)")
 
 
 def _split_file(directory: Path, split: str) -> Path:
@@ -63,7 +107,7 @@ def _split_file(directory: Path, split: str) -> Path:
                     f"or {split}-*.parquet for split {split!r}")
 
 
-def _rows_from(path: Path) -> list[dict]:
+def _raw_rows(path: Path) -> list[tuple[str, object]]:
     if path.suffix == ".jsonl":
         rows = _read_jsonl(path)
     elif path.suffix == ".parquet":
@@ -75,7 +119,7 @@ def _rows_from(path: Path) -> list[dict]:
         raise DataError(f"dataset: {path} is neither .jsonl nor .parquet")
     if not rows:
         raise DataError(f"dataset: {path} holds no rows")
-    return [_checked(where, row) for where, row in rows]
+    return rows
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, object]]:
@@ -91,7 +135,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, object]]:
     return rows
 
 
-def _checked(where: str, row) -> dict:
+def _checked_gsm8k(where: str, row) -> dict:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object with 'question' and 'answer'")
     for key in ("question", "answer"):
@@ -104,6 +148,27 @@ def _checked(where: str, row) -> dict:
     except ValueError as exc:
         raise DataError(f"{where}: {exc}") from None
     return {"question": row["question"], "answer": row["answer"]}
+
+
+def _checked_math(where: str, row) -> dict:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object with 'problem' and 'solution' or 'answer'")
+    problem = row.get("problem")
+    if not isinstance(problem, str) or not problem.strip():
+        raise DataError(f"{where}: field 'problem' missing or not a non-empty string")
+    answer = row.get("answer")
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if answer is not None and (not isinstance(answer, str) or not answer.strip()):
+        raise DataError(f"{where}: field 'answer' is not a non-empty string or a number")
+    if answer is None:
+        solution = row.get("solution")
+        if not isinstance(solution, str) or not solution.strip():
+            raise DataError(f"{where}: neither an 'answer' nor a 'solution' field (a non-empty string)")
+        answer = last_boxed(solution)
+        if answer is None or not answer.strip():
+            raise DataError(f"{where}: solution has no closed \\boxed{{...}} to take the answer from")
+    return {"question": problem, "answer": answer.strip()}
 
 
 def _hub_snapshot() -> Path:

@@ -4,7 +4,11 @@
 
 * GSM8K (a local path, or ``"gsm8k"`` from the hub): the question with SkyRL's
   suffix asking for the answer after ``####``, through the tokenizer's chat template
-  when it has one, else as plain text;
+  when it has one, else as plain text; graded by :mod:`trainer.rewards`;
+* MATH (a local path whose rows have ``problem``; :mod:`trainer.data` says which task a
+  path's rows are, so no key names it): the problem with :data:`MATH_SUFFIX` asking for
+  the final answer in ``\\boxed{}``, chat template as for GSM8K; graded by
+  :mod:`trainer.math_reward` (the last box, math-verify equivalence);
 * ``"synthetic"``: a task the tiny random model learns in about a minute on a CPU.
 
 Rewards are computed per sample from the completion text and its example, so a reward
@@ -35,14 +39,30 @@ from typing import Callable, Optional
 import attrs
 
 from trainer.config import TrainerConfig
-from trainer.data import Example, gsm8k_rows
-from trainer.rewards import gsm8k_reward, shaped_reward
+from trainer.data import Example, dataset_rows
+from trainer.math_reward import math_correct, math_format_reward
+from trainer.rewards import format_reward, gsm8k_reward
 
 GSM8K_SUFFIX = "Let's think step by step and output the final answer after \"####\"."
+MATH_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
 SYNTHETIC_DIGITS = ("0", "1", "2", "3")
 SYNTHETIC_WORDS = ("####", *SYNTHETIC_DIGITS)
 SYNTHETIC_PROMPT_DIGITS = 4
 SYNTHETIC_EVAL_SHARE = 0.2
+
+
+@attrs.frozen(kw_only=True)
+class Grader:
+    """How a task grades a completion: strict correctness against the example's answer, and
+    whether the answer is well-formed (what ``format_reward_coef`` credits when it is wrong)."""
+
+    correct: Callable[[str, str], bool]
+    well_formed: Callable[[str], bool]
+
+
+GSM8K_GRADER = Grader(correct=lambda completion, answer: gsm8k_reward(completion, answer) == 1.0,
+                      well_formed=lambda completion: format_reward(completion) == 1.0)
+MATH_GRADER = Grader(correct=math_correct, well_formed=lambda completion: math_format_reward(completion) == 1.0)
 
 
 @attrs.frozen(kw_only=True)
@@ -54,14 +74,18 @@ class Task:
     eval: tuple[Example, ...]
     format_reward_coef: float = 0.0
     prompt_builder: Callable[[str], str] = attrs.field(repr=False)
+    grader: Grader = attrs.field(default=GSM8K_GRADER, repr=False)
 
     def reward(self, completion: str, example: Example) -> float:
-        """The training reward: 1 if right, ``format_reward_coef`` if well-formed but wrong."""
-        return shaped_reward(completion, example.answer, self.format_reward_coef)
+        """The training reward: 1 if right, ``format_reward_coef`` if well-formed but wrong
+        (SkyRL's ``compute_score(format_score=...)``)."""
+        if self.grader.correct(completion, example.answer):
+            return 1.0
+        return self.format_reward_coef if self.grader.well_formed(completion) else 0.0
 
     def is_correct(self, completion: str, example: Example) -> bool:
         """Strict correctness, without shaping: what eval pass@k counts."""
-        return gsm8k_reward(completion, example.answer) == 1.0
+        return self.grader.correct(completion, example.answer)
 
     def prompt(self, question: str) -> str:
         """The prompt text for a question, exactly as the examples carry it."""
@@ -74,13 +98,17 @@ def load_task(cfg: TrainerConfig, tokenizer) -> Task:
     Prompts are final text (a chat template already applied): tokenize them with
     ``add_special_tokens=False``.
     """
+    grader = GSM8K_GRADER
     if cfg.dataset == "synthetic":
         builder = _synthetic_prompt_builder(tokenizer)
         train_rows, eval_rows = synthetic_rows(cfg.synthetic_size, seed=cfg.seed)
     else:
-        builder = _gsm8k_prompt_builder(tokenizer)
-        train_rows = gsm8k_rows(cfg.dataset, cfg.train_split)
-        eval_rows = gsm8k_rows(cfg.dataset, cfg.eval_split)
+        kind, train_rows = dataset_rows(cfg.dataset, cfg.train_split)
+        eval_rows = dataset_rows(cfg.dataset, cfg.eval_split, task=kind)[1]
+        if kind == "math":
+            builder, grader = _math_prompt_builder(tokenizer), MATH_GRADER
+        else:
+            builder = _gsm8k_prompt_builder(tokenizer)
     if cfg.eval_limit is not None:
         eval_rows = eval_rows[: cfg.eval_limit]
     return Task(
@@ -89,6 +117,7 @@ def load_task(cfg: TrainerConfig, tokenizer) -> Task:
         eval=tuple(_example(row, builder) for row in eval_rows),
         format_reward_coef=cfg.format_reward_coef,
         prompt_builder=builder,
+        grader=grader,
     )
 
 
@@ -111,6 +140,16 @@ def _gsm8k_prompt_builder(tokenizer) -> Callable[[str], str]:
             return chat_or_plain(tokenizer, content)
         # Plain text models continue the prompt, so end it where the answer starts.
         return f"Question: {content}\nAnswer:"
+
+    return build
+
+
+def _math_prompt_builder(tokenizer) -> Callable[[str], str]:
+    def build(problem: str) -> str:
+        content = f"{problem}\n\n{MATH_SUFFIX}"
+        if getattr(tokenizer, "chat_template", None):
+            return chat_or_plain(tokenizer, content)
+        return f"Problem: {content}\nSolution:"
 
     return build
 
