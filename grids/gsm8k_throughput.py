@@ -18,7 +18,7 @@ marks = [sk.mark.gsm8k, sk.mark.throughput]
 
 base = sk.base(
     model="Qwen/Qwen2.5-1.5B-Instruct",
-    dataset=os.environ.get("SWEEPKIT_GSM8K", "gsm8k"),
+    dataset=os.environ.get("SWEEPKIT_GSM8K") or "gsm8k",
     backend="vllm",
     advantage_estimator="grpo",
     use_kl_loss=False,

@@ -29,7 +29,7 @@ marks = [sk.mark.math]
 
 base = sk.base(
     from_cell="gsm8k_accuracy.py::combo_acc_stab",
-    dataset=os.environ.get("SWEEPKIT_MATH", "math"),
+    dataset=os.environ.get("SWEEPKIT_MATH") or "math",
     max_generate_length=4096,
     # MATH problems (some with [asy] figure code) run longer than GSM8K questions.
     max_prompt_length=1024,

@@ -239,6 +239,9 @@ LAUNCH_KEYS = (
     ("policy_num_gpus", Optional[int], None,
      "GPUs of the policy (FSDP) workers (None: the target's num_gpus, else gpus)"),
     ("ref_num_gpus", int, 0, "GPUs of a reference/teacher model not colocated with the policy"),
+    ("teacher_num_gpus", int, 0,
+     "GPUs of a separately served OPD teacher (e.g. a 32B teacher at TP2 on its own node); "
+     "never colocated, so added to the budget even under colocate_all"),
     ("model_params_b", Optional[float], None,
      "model size in billions of parameters (None: parsed from the model name, e.g. '32B')"),
     ("container", Optional[str], None, "container image or sandbox dir the cell runs in (None: $SWEEP_CONTAINER)"),
@@ -261,10 +264,11 @@ def setting(cell, *names: str, default=None):
 
 
 def gpu_budget(cell) -> int:
-    """GPUs the cell's layout occupies: policy + reference + inference engines x TP.
+    """GPUs the cell's layout occupies: policy + reference + inference engines x TP, plus
+    a separately served teacher.
 
-    With ``colocate_all`` everything shares the policy's GPUs, so the budget is the
-    largest of the three instead of their sum.
+    With ``colocate_all`` everything but the teacher shares the policy's GPUs, so the
+    budget is the largest of those three (plus the teacher's) instead of their sum.
     """
     launch = cell.launch()
     policy = launch.get("policy_num_gpus")
@@ -273,10 +277,11 @@ def gpu_budget(cell) -> int:
     engines = setting(cell, "num_inference_engines", "generator.num_inference_engines", default=0)
     tp = setting(cell, "inference_tp", "generator.inference_engine_tensor_parallel_size", default=1)
     ref = launch.get("ref_num_gpus") or 0
+    teacher = int(launch.get("teacher_num_gpus") or 0)
     inference = int(engines) * int(tp)
     if setting(cell, "colocate_all", "trainer.placement.colocate_all", default=False):
-        return max(int(policy), int(ref), inference)
-    return int(policy) + int(ref) + inference
+        return max(int(policy), int(ref), inference) + teacher
+    return int(policy) + int(ref) + inference + teacher
 
 
 def gpus_per_node(cell, profile: ClusterProfile) -> int:

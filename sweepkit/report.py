@@ -14,13 +14,16 @@ a step logged twice by a resumed run counts once, the later record):
 - ``sec_per_step``: median of ``timing/step`` after warm-up; warm-up is the first 10% of
   the steps and at least the first step (none when there is only one step);
 - ``tok_per_s``: median of ``throughput/tokens_per_s`` over the same steps;
-- ``gen_frac`` / ``train_frac`` / ``sync_frac`` / ``ref_frac``: mean of ``timing/generate``
-  / ``timing/policy_train`` / ``timing/sync_weights`` / ``timing/ref`` divided by mean of
-  ``timing/step``, over the same steps;
+- ``gen_frac`` / ``train_frac`` / ``sync_frac`` / ``ref_frac`` / ``teacher_frac``: mean of
+  ``timing/generate`` / ``timing/policy_train`` / ``timing/sync_weights`` / ``timing/ref`` /
+  ``timing/teacher`` (OPD's teacher scoring) divided by mean of ``timing/step``, over the
+  same steps;
 - ``delta_vs_base_pct``: ``sec_per_step`` against the grid's ``base`` cell, in percent
   (negative is faster);
 - ``reward_first`` / ``reward_last``: mean ``reward/mean`` over the first / last 10% of the
   steps that report it, at least 1 and at most 10 steps;
+- ``kl_first`` / ``kl_last``: the same windows of ``distill/token_kl_mean`` (OPD; it
+  should fall);
 - ``pass_at_1`` / ``pass_at_k`` / ``eval_k``: from the last eval record;
 - ``entropy_min``: minimum of ``policy/entropy`` (the collapse guard); ``grad_norm_max``:
   maximum of ``policy/grad_norm``; ``memory_peak_gb``: maximum of ``memory/peak_gb``.
@@ -48,13 +51,16 @@ REPORT_DIR = "report"
 BASE_CELL = "base"
 
 THROUGHPUT = ("cell", "status", "steps", "sec_per_step", "delta_vs_base_pct", "tok_per_s",
-              "gen_frac", "train_frac", "sync_frac", "ref_frac", "memory_peak_gb", "diff", "failure")
-ACCURACY = ("cell", "status", "steps", "reward_first", "reward_last", "pass_at_1", "pass_at_k", "eval_k",
-            "entropy_min", "grad_norm_max", "diff", "failure")
+              "gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac", "memory_peak_gb", "diff", "failure")
+ACCURACY = ("cell", "status", "steps", "reward_first", "reward_last", "kl_first", "kl_last", "pass_at_1",
+            "pass_at_k", "eval_k", "entropy_min", "grad_norm_max", "diff", "failure")
+# Columns only some runs have (OPD's teacher): left out of a printed table where every row is empty.
+OPTIONAL = ("teacher_frac", "kl_first", "kl_last")
 TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
 
 # Every metric an expression below reads; a cell set that never logged one gets nulls.
 USED_METRICS = ("timing/step", "timing/generate", "timing/policy_train", "timing/sync_weights", "timing/ref",
+                "timing/teacher", "distill/token_kl_mean",
                 "throughput/tokens_per_s", "reward/mean", "policy/entropy", "policy/grad_norm",
                 "memory/peak_gb", "eval/pass_at_1", "eval/pass_at_k", "eval/k")
 
@@ -87,9 +93,12 @@ TRAIN_AGGREGATES = (
     _frac("timing/policy_train").alias("train_frac"),
     _frac("timing/sync_weights").alias("sync_frac"),
     _frac("timing/ref").alias("ref_frac"),
+    _frac("timing/teacher").alias("teacher_frac"),
     pl.col("memory/peak_gb").max().alias("memory_peak_gb"),
     _window_mean("reward/mean", last=False).alias("reward_first"),
     _window_mean("reward/mean", last=True).alias("reward_last"),
+    _window_mean("distill/token_kl_mean", last=False).alias("kl_first"),
+    _window_mean("distill/token_kl_mean", last=True).alias("kl_last"),
     pl.col("policy/entropy").min().alias("entropy_min"),
     pl.col("policy/grad_norm").max().alias("grad_norm_max"),
 )
@@ -291,6 +300,9 @@ SCREEN = {
     "train_frac": Column(header="train", justify="right", drop=5),
     "sync_frac": Column(header="sync", justify="right", drop=2),
     "ref_frac": Column(header="ref", justify="right", drop=1),
+    "teacher_frac": Column(header="teacher", justify="right", drop=6),
+    "kl_first": Column(header="kl first", justify="right", drop=6),
+    "kl_last": Column(header="kl last", justify="right"),
     "memory_peak_gb": Column(header="mem GB", justify="right", drop=3),
     "reward_first": Column(header="rew first", justify="right", drop=6),
     "reward_last": Column(header="rew last", justify="right"),
@@ -303,7 +315,7 @@ SCREEN = {
     "failure": Column(header="failure", floor=16),
 }
 # Shares of the step's time, shown as percentages.
-FRACTIONS = ("gen_frac", "train_frac", "sync_frac", "ref_frac")
+FRACTIONS = ("gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac")
 
 
 def _screen_value(column: str, value) -> Text:
@@ -321,6 +333,7 @@ def _screen_value(column: str, value) -> Text:
 
 
 def _print_table(console, title: str, frame: pl.DataFrame) -> None:
+    frame = frame.drop([name for name in OPTIONAL if name in frame.columns and frame[name].is_null().all()])
     columns = [SCREEN.get(name, Column(header=name)) for name in frame.columns]
     rows = [[_screen_value(column, value) for column, value in row.items()] for row in frame.iter_rows(named=True)]
     dropped = print_table(console, columns, rows, title=title)

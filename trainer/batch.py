@@ -30,7 +30,8 @@ class Batch:
     response_mask: torch.Tensor  # (B, R) float, 1 on sampled tokens
     stopped: Optional[torch.Tensor] = None  # (B,) bool, ended on a stop token
     engine_logprobs: Optional[torch.Tensor] = None  # (B, R) the engine's, when it reports them
-    rewards: Optional[torch.Tensor] = None  # (B,)
+    rewards: Optional[torch.Tensor] = None  # (B,) the task's
+    token_rewards: Optional[torch.Tensor] = None  # (B, R) per-token rewards (OPD: -KL to the teacher)
     advantages: Optional[torch.Tensor] = None  # (B,) or (B, R)
     old_logprobs: Optional[torch.Tensor] = None  # (B, R) pi_old; None: the update is exactly on-policy
     ref_logprobs: Optional[torch.Tensor] = None  # (B, R) the frozen reference

@@ -84,7 +84,8 @@ class TrainerConfig:
         "HF model path or hub name, or 'tiny-random' (built locally, no download).", path=True))
     dataset: str = attrs.field(default="synthetic", metadata=_doc(
         "'synthetic' (built-in learnable task), 'gsm8k' (hub, needs network), or a "
-        "directory / .jsonl / .parquet path holding GSM8K-style question/answer rows.", path=True))
+        "directory / .jsonl / .parquet path holding GSM8K question/answer rows or MATH "
+        "problem/solution (or answer) rows; the rows' fields choose the task.", path=True))
     train_split: str = attrs.field(default="train", metadata=_doc("split used for training"))
     eval_split: str = attrs.field(default="test", metadata=_doc("held-out split for eval"))
     eval_limit: Optional[int] = attrs.field(default=None, validator=_positive, metadata=_doc(

@@ -77,6 +77,7 @@ from trainer.advantages import advantages_for
 from trainer.batch import Batch
 from trainer.config import ConfigError, TrainerConfig
 from trainer.data import PromptSampler
+from trainer.distill import Teacher
 from trainer.forward import PolicyScorer
 from trainer.losses import pass_at_k
 from trainer.metrics import MetricsLogger, ProgressBar, peak_memory_gb
@@ -126,6 +127,8 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
     # The reference never trains: it is kept in the compute dtype.
     reference = copy.deepcopy(model).to(precision.compute).eval().requires_grad_(False) if cfg.use_kl_loss \
         else None
+    teacher = Teacher(cfg, student_tokenizer=tokenizer, device=device, precision=precision) \
+        if cfg.teacher_model is not None else None
     optimizer = precision.optimizer(model.parameters(), cfg)
     warmup = cfg.num_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -230,8 +233,15 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
                     ref_logprobs=ref_policy.score(batch) if ref_policy is not None else None,
                     rollout_logprobs=batch.engine_logprobs if engine.reports_logprobs else old_logprobs)
 
+            distill = {}
+            if teacher is not None:  # OPD: the teacher scores the student's own tokens
+                with timed(times, "timing/teacher", device):
+                    kl, distill = teacher.token_kl(batch, model)
+                batch = attrs.evolve(batch, token_rewards=-kl)
+
             # -- 3. advantages ------------------------------------------------------------------
-            batch = attrs.evolve(batch, advantages=advantages_for(batch.rewards, n, cfg))
+            reward_signal = batch.token_rewards if batch.token_rewards is not None else batch.rewards
+            batch = attrs.evolve(batch, advantages=advantages_for(reward_signal, n, cfg))
 
             # -- 4. update: mini-batches of whole groups, micro-batches accumulate --------------
             with timed(times, "timing/policy_train", device):
@@ -254,6 +264,7 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
                 "reward/mean": rewards.mean().item(),
                 "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
                 **update_stats,
+                **distill,
                 "response_length/mean": lengths.mean().item(),
                 "response_length/max": int(lengths.max().item()),
                 "response/stop_frac": batch.stopped.float().mean().item(),
@@ -349,9 +360,11 @@ def inert_knobs(cfg, device: torch.device, *, backend: str | None = None) -> dic
         reasons["entropy_loss_coef"] = "use_entropy_loss is false"
     if not cfg.use_tis:
         reasons["tis_imp_ratio_cap"] = "use_tis is false"
-    if cfg.train_batch_size == cfg.policy_mini_batch_size and not cfg.use_kl_loss:
+    if cfg.train_batch_size == cfg.policy_mini_batch_size and not cfg.use_kl_loss and not cfg.teacher_top_k:
         reasons["micro_forward_batch_size_per_gpu"] = (
             "one update per step is exactly on-policy: no separate no-grad forward runs")
+    if cfg.teacher_model is None:
+        reasons |= dict.fromkeys(("teacher_top_k", "teacher_micro_batch_size"), "no teacher_model (not OPD)")
     if cfg.dataset == "synthetic":
         reasons |= dict.fromkeys(("train_split", "eval_split"), "the synthetic task makes its own splits")
     else:
