@@ -43,6 +43,12 @@ def cell_line(cell: Cell) -> Text:
     return line
 
 
+def _config_lines(cell: Cell) -> str:
+    """Every key of the cell's config, one ``    key = value`` line each (``-v``)."""
+    config = cell.target_config()
+    return "\n".join(f"    {key} = {config[key]!r}" for key in sorted(config))
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -55,9 +61,14 @@ def _selected(session: Session) -> list[Cell]:
 
 def cmd_list(session: Session) -> int:
     cells = _selected(session)
+    verbose = getattr(session.options, "verbose", 0)
     if cells:
-        lines = [cell_line(cell) for cell in cells]
-        if session.console.is_terminal:
+        # -q: node ids only (pytest's --co -q); -v: each cell's whole config under its line
+        lines = [Text(cell.nodeid) if verbose < 0 else cell_line(cell) for cell in cells]
+        if verbose > 0:
+            for cell, line in zip(cells, lines):
+                line.append("\n" + _config_lines(cell), style="dim")
+        if session.console.is_terminal and verbose <= 0:
             # One line a cell, cut with an ellipsis where the terminal ends (never inside the
             # node id); a pipe or a file gets every line whole.
             width = session.console.width

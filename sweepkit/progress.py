@@ -14,13 +14,17 @@ from collections.abc import Sequence
 import attrs
 from rich.console import Console
 from rich.live import Live
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from sweepkit.metrics import Summary
+from sweepkit.tables import Column, fitted_table
 
 PLAIN_PROGRESS_EVERY_S = 30.0
+LIVE_COLUMNS = (Column(header="cell"), Column(header="state"), Column(header="try", justify="right", drop=1),
+                Column(header="step", justify="right"), Column(header="s/step", justify="right"),
+                Column(header="reward", justify="right"), Column(header="elapsed", justify="right", drop=2),
+                Column(header="", floor=12))
 
 # Outcome words, pytest's where they exist.
 LABELS = {
@@ -35,18 +39,6 @@ STYLES = {
     "failed": "bold red", "xpassed-strict": "bold red", "cancelled": "red", "interrupted": "red",
     "running": "blue", "attached": "blue", "deleted": "magenta", "damaged": "bold red",
 }
-
-
-def print_wide(console: Console, table: Table) -> None:
-    """Print a table at its natural width: a cropped or squeezed column (a node id, a
-    failure message) is worse than a line the terminal wraps."""
-    width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
-    before = console.width
-    console.width = max(width, before)  # print() caps its width at the console's
-    try:
-        console.print(table)
-    finally:
-        console.width = before
 
 
 def label(status: str) -> str:
@@ -130,23 +122,23 @@ class RunDisplay:
             self._live.update(self._table())
 
     def _table(self) -> Table:
-        table = Table(box=None, pad_edge=False)
-        for column, justify in (("cell", "left"), ("state", "left"), ("try", "right"), ("step", "right"),
-                                ("s/step", "right"), ("reward", "right"), ("elapsed", "right"), ("", "left")):
-            table.add_column(column, justify=justify, no_wrap=column == "cell")
+        """One line a row at the console's width: ids, states and numbers whole, the note cut
+        with an ellipsis, ``try`` and ``elapsed`` left out first where even that is too wide."""
         now = time.time()
+        rows = []
         for row in self.rows.values():
             elapsed = None if row.started is None else (row.ended or now) - row.started
-            table.add_row(
+            rows.append([
                 Text(row.nodeid),
                 status_text(row.status),
-                "" if row.attempt is None else str(row.attempt),
-                "" if row.summary.step is None else str(row.summary.step),
-                fmt_number(row.summary.sec_per_step),
-                fmt_number(row.summary.reward),
-                fmt_duration(elapsed),
+                Text("" if row.attempt is None else str(row.attempt)),
+                Text("" if row.summary.step is None else str(row.summary.step)),
+                Text(fmt_number(row.summary.sec_per_step)),
+                Text(fmt_number(row.summary.reward)),
+                Text(fmt_duration(elapsed)),
                 Text(row.note),
-            )
+            ])
+        table, _, _ = fitted_table(LIVE_COLUMNS, rows, self.console.width)
         return table
 
 

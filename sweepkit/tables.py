@@ -70,27 +70,34 @@ def fit_widths(columns: Sequence[Column], natural: Sequence[int], width: int) ->
     return widths
 
 
-def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[Text]],
-                title: str | None = None) -> list[str]:
-    """Print ``rows`` (one Text a column) to fit ``console``; returns the headers left out."""
+def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[Text]], width: int) -> tuple[Table, int, list[str]]:
+    """The rich Table of ``rows`` fitted to ``width`` cells, its total width (more than
+    ``width`` when it cannot fit), and the headers left out."""
     natural = [max([cell_len(column.header)] + [row[i].cell_len for row in rows])
                for i, column in enumerate(columns)]
-    widths = fit_widths(columns, natural, console.width)
+    widths = fit_widths(columns, natural, width)
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for i, width in widths.items():
-        table.add_column(columns[i].header, justify=columns[i].justify, width=width, no_wrap=True,
+    for i, column_width in widths.items():
+        table.add_column(columns[i].header, justify=columns[i].justify, width=column_width, no_wrap=True,
                          overflow="ellipsis")
     for row in rows:
         table.add_row(*(row[i] for i in widths))
+    total = sum(widths.values()) + GAP * (len(widths) - 1)
+    return table, total, [column.header for i, column in enumerate(columns) if i not in widths]
+
+
+def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[Text]],
+                title: str | None = None) -> list[str]:
+    """Print ``rows`` (one Text a column) to fit ``console``; returns the headers left out."""
+    table, total, dropped = fitted_table(columns, rows, console.width)
     if title:
         console.print(Text(title, style="italic"))
     # A table wider than the console (it could not fit) is printed whole: rich would
     # otherwise squeeze every column, ids included.
-    total = sum(widths.values()) + GAP * (len(widths) - 1)
     before = console.width
     console.width = max(before, total)
     try:
         console.print(table)
     finally:
         console.width = before
-    return [column.header for i, column in enumerate(columns) if i not in widths]
+    return dropped

@@ -100,3 +100,34 @@ def test_dry_run_previews_a_cell_a_real_run_refuses(cpu_sweeper):
     assert preview.ret == 0, preview
     assert "previewed; a real run refuses it" in preview.stdout
     assert "would run 1 fresh" in preview.stdout
+
+
+def test_list_quiet_prints_node_ids_and_verbose_each_config(cpu_sweeper):
+    script_grid(cpu_sweeper, "g", "other = sk.cell(steps=2)")
+    quiet = cpu_sweeper.run("list", "-q")
+    assert quiet.ret == 0, quiet
+    assert quiet.stdout.splitlines() == ["grids/g.py::base", "grids/g.py::other", "2 cells in 1 grid"]
+    verbose = cpu_sweeper.run("list", "grids/g.py::other", "-v")
+    lines = verbose.stdout.splitlines()
+    assert lines[0].startswith("grids/g.py::other  steps=2")
+    assert "    steps = 2" in lines and "    sleep = 0.1" in lines
+
+
+def test_the_live_table_is_one_line_a_row_at_100_columns():
+    import io
+
+    from rich.console import Console
+
+    from sweepkit.metrics import Summary
+    from sweepkit.progress import RunDisplay
+
+    out = io.StringIO()
+    console = Console(file=out, width=100)
+    nodeids = ["grids/gsm8k_throughput.py::combo_C", "grids/gsm8k_throughput.py::tbs128"]
+    display = RunDisplay(console, nodeids)
+    display.update(nodeids[1], status="running", attempt=1, summary=Summary(step=3, sec_per_step=1.5, reward=0.25),
+                   note="a long note about what the cell is doing right now, longer than the terminal is wide")
+    console.print(display._table())
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and all(len(line.rstrip()) <= 100 for line in lines)
+    assert lines[2].startswith(nodeids[1]) and lines[2].rstrip().endswith("…")
