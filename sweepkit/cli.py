@@ -128,7 +128,10 @@ def build_parser(registry=None, parser_class=_Parser):
                         help="grid files or directories; the tables of a PATH::CELL are its whole grid's")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table",
                         help="what is printed (default: table); the parquet, csv and md files are "
-                             "written under runs/<grid>/report/ whatever the format")
+                             "written under runs/<grid>/report/ whatever the format; csv and json "
+                             "print data only (what was written goes to stderr)")
+    report.add_argument("--table", choices=("throughput", "accuracy"),
+                        help="print only this table (csv needs one: a CSV file holds one table)")
     cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them, "
                                "and stop the local sweep run on this machine that runs any of them")
     cancel.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)

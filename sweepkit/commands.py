@@ -180,7 +180,7 @@ def report_grids(session: Session) -> list[str]:
 
 def cmd_report(session: Session) -> int:
     make_report = _import_stage("sweepkit.report", "make_report", "report")
-    return make_report(session, report_grids(session), session.options.format)
+    return make_report(session, report_grids(session), session.options.format, session.options.table)
 
 
 def _plugins_table(rows: list[tuple[str, str, str]]) -> Table:

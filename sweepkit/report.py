@@ -25,8 +25,23 @@ a step logged twice by a resumed run counts once, the later record):
 - ``kl_first`` / ``kl_last``: the same windows of ``distill/token_kl_mean`` (OPD; it
   should fall);
 - ``pass_at_1`` / ``pass_at_k`` / ``eval_k``: from the last eval record;
-- ``entropy_min``: minimum of ``policy/entropy`` (the collapse guard); ``grad_norm_max``:
-  maximum of ``policy/grad_norm``; ``memory_peak_gb``: maximum of ``memory/peak_gb``.
+- ``entropy_min``: minimum of ``policy/entropy``; ``entropy_first`` / ``entropy_last``: its
+  first / last windows as for the reward; ``entropy_collapse``: ``entropy_last`` below
+  ``COLLAPSE_FRACTION`` (0.2) of ``entropy_first`` (the seeds' mandatory collapse guard);
+  ``logratio_max``: maximum of ``policy/kl`` (the update's drift from the sampling
+  policy); ``grad_norm_max``: maximum of ``policy/grad_norm``; ``memory_peak_gb``: maximum
+  of ``memory/peak_gb``;
+- ``timed_steps`` / ``sec_per_step_sd``: how many steps ``sec_per_step`` rests on and their
+  standard deviation; ``note`` says when a vs-base figure rests on one timed step, and
+  when a cell's diff touches only knobs its run reported as having no effect (the
+  trainer's ``inert_knobs``);
+- ``bottleneck``: the largest share of the timing split (generate-, train-, ref-,
+  teacher- or sync-bound);
+- ``gpu_hours``: the cell's GPUs x the wall time of its attempts (none on CPU);
+  ``pass_at_k_per_gpu_hour``: the last ``pass_at_k`` over it; ``pass_at_k_best`` /
+  ``pass_at_k_best_step``: the best eval and its step.
+
+Each grid's tables are headed by the profile, model and device its runs used.
 """
 
 from __future__ import annotations
@@ -50,10 +65,18 @@ FORMATS = ("table", "csv", "md", "json", "parquet")
 REPORT_DIR = "report"
 BASE_CELL = "base"
 
-THROUGHPUT = ("cell", "status", "steps", "sec_per_step", "delta_vs_base_pct", "tok_per_s",
-              "gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac", "memory_peak_gb", "diff", "failure")
+THROUGHPUT = ("cell", "status", "steps", "sec_per_step", "timed_steps", "sec_per_step_sd", "delta_vs_base_pct",
+              "tok_per_s", "gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac", "bottleneck",
+              "memory_peak_gb", "gpu_hours", "note", "diff", "failure")
 ACCURACY = ("cell", "status", "steps", "reward_first", "reward_last", "kl_first", "kl_last", "pass_at_1",
-            "pass_at_k", "eval_k", "entropy_min", "grad_norm_max", "diff", "failure")
+            "pass_at_k", "eval_k", "pass_at_k_best", "pass_at_k_best_step", "pass_at_k_per_gpu_hour",
+            "entropy_first", "entropy_last", "entropy_min", "entropy_collapse", "logratio_max", "grad_norm_max",
+            "diff", "failure")
+# The timing split's columns and the label of the one that dominates a step.
+BOTTLENECKS = {"gen_frac": "generate-bound", "train_frac": "train-bound", "ref_frac": "ref-bound",
+               "teacher_frac": "teacher-bound", "sync_frac": "sync-bound"}
+# Entropy collapse: the last steps' mean entropy below this share of the first steps'.
+COLLAPSE_FRACTION = 0.2
 # Columns only some runs have (OPD's teacher): left out of a printed table where every row is empty.
 OPTIONAL = ("teacher_frac", "kl_first", "kl_last")
 TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
@@ -61,7 +84,7 @@ TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
 # Every metric an expression below reads; a cell set that never logged one gets nulls.
 USED_METRICS = ("timing/step", "timing/generate", "timing/policy_train", "timing/sync_weights", "timing/ref",
                 "timing/teacher", "distill/token_kl_mean",
-                "throughput/tokens_per_s", "reward/mean", "policy/entropy", "policy/grad_norm",
+                "throughput/tokens_per_s", "reward/mean", "policy/entropy", "policy/grad_norm", "policy/kl",
                 "memory/peak_gb", "eval/pass_at_1", "eval/pass_at_k", "eval/k")
 
 
@@ -88,6 +111,8 @@ def _frac(column: str) -> pl.Expr:
 TRAIN_AGGREGATES = (
     pl.col("step").max().alias("steps"),
     _after_warmup("timing/step").median().alias("sec_per_step"),
+    _after_warmup("timing/step").drop_nulls().len().alias("timed_steps"),
+    _after_warmup("timing/step").std().alias("sec_per_step_sd"),
     _after_warmup("throughput/tokens_per_s").median().alias("tok_per_s"),
     _frac("timing/generate").alias("gen_frac"),
     _frac("timing/policy_train").alias("train_frac"),
@@ -99,14 +124,32 @@ TRAIN_AGGREGATES = (
     _window_mean("reward/mean", last=True).alias("reward_last"),
     _window_mean("distill/token_kl_mean", last=False).alias("kl_first"),
     _window_mean("distill/token_kl_mean", last=True).alias("kl_last"),
+    _window_mean("policy/entropy", last=False).alias("entropy_first"),
+    _window_mean("policy/entropy", last=True).alias("entropy_last"),
     pl.col("policy/entropy").min().alias("entropy_min"),
+    pl.col("policy/kl").max().alias("logratio_max"),
     pl.col("policy/grad_norm").max().alias("grad_norm_max"),
 )
 EVAL_AGGREGATES = (
     _by_step("eval/pass_at_1").drop_nulls().last().alias("pass_at_1"),
     _by_step("eval/pass_at_k").drop_nulls().last().alias("pass_at_k"),
     _by_step("eval/k").drop_nulls().last().alias("eval_k"),
+    pl.col("eval/pass_at_k").max().alias("pass_at_k_best"),
+    pl.col("step").sort_by("eval/pass_at_k", descending=True, nulls_last=True).first().alias("pass_at_k_best_step"),
 )
+# The largest share of the step, named; none without a timing split.
+BOTTLENECK = (
+    pl.when(pl.max_horizontal(*BOTTLENECKS).is_not_null())
+    .then(pl.concat_list([pl.col(c).fill_null(-1.0) for c in BOTTLENECKS]).list.arg_max()
+          .replace_strict(dict(enumerate(BOTTLENECKS.values())), return_dtype=pl.String))
+).alias("bottleneck")
+COLLAPSE = (
+    pl.when(pl.col("entropy_first").is_not_null() & pl.col("entropy_last").is_not_null())
+    .then(pl.col("entropy_last") < COLLAPSE_FRACTION * pl.col("entropy_first"))
+).alias("entropy_collapse")
+PER_GPU_HOUR = (
+    pl.when(pl.col("gpu_hours") > 0).then(pl.col("pass_at_k") / pl.col("gpu_hours"))
+).alias("pass_at_k_per_gpu_hour")
 # The base row is 0 by definition; computed, it can come out at -1e-14.
 DELTA_VS_BASE = (
     pl.when(pl.col("cell") == BASE_CELL)
@@ -164,6 +207,59 @@ def _diff_text(record) -> str:
     return " ".join(f"{key}={json.dumps(after)}" for key, (_, after) in diff.items())
 
 
+def gpu_hours(view) -> float | None:
+    """GPUs x the wall time of every attempt; None for a cell without GPUs or attempts."""
+    gpus = ((view.record or {}).get("launch") or {}).get("gpus") or 0
+    attempts = view.state.attempts if view.state else ()
+    seconds = sum(a.ended - a.started for a in attempts if a.started and a.ended)
+    return gpus * seconds / 3600 if gpus and seconds else None
+
+
+def run_info(view) -> dict:
+    """The trainer's ``info`` record of the cell's run (device, inert knobs), or {}."""
+    path = view.directory / "metrics.jsonl"
+    try:
+        with open(path) as handle:
+            for line in handle:
+                record = json.loads(line)
+                if record.get("kind") == "info":
+                    return record
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
+def cell_note(view) -> str | None:
+    """``inert: …`` for a cell whose diff touches only knobs its run reported as having no effect."""
+    diff = set(((view.record or {}).get("diff") or {}))
+    inert = set(run_info(view).get("inert_knobs") or ())
+    if diff and diff <= inert:
+        return "inert: " + ", ".join(sorted(diff)) + " had no effect in this run"
+    return None
+
+
+def _noise_note() -> pl.Expr:
+    """A vs-base figure from one timed step (of the cell or of base) is noise: say so."""
+    base_steps = pl.col("timed_steps").filter(pl.col("cell") == BASE_CELL).first()
+    thin = (pl.col("timed_steps") < 2) | (base_steps < 2)
+    noise = pl.when(thin & pl.col("delta_vs_base_pct").is_not_null() & (pl.col("cell") != BASE_CELL)).then(
+        pl.lit("vs base rests on 1 timed step"))
+    joined = pl.concat_str([pl.col("note"), noise], separator="; ", ignore_nulls=True)
+    return pl.when(joined != "").then(joined).alias("note")
+
+
+def grid_heading(grid_dir: Path, cells: list[Path] | None = None) -> str:
+    """``profile smoke · model tiny-random · device cpu``: what the grid's runs used."""
+    views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
+    profiles = sorted({(v.record or {}).get("profile") or "none" for v in views if v.record})
+    models = sorted({str(((v.record or {}).get("config") or {}).get("model", "?")) for v in views if v.record})
+    devices = sorted({str(run_info(v).get("device")) for v in views if run_info(v).get("device")})
+    parts = [f"profile {', '.join(profiles)}", f"model {', '.join(models)}"]
+    if devices:
+        parts.append(f"device {', '.join(devices)}")
+    return " · ".join(parts)
+
+
 def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl.DataFrame]:
     """The two tables of one grid dir, optionally only for some of its cells."""
     views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
@@ -175,8 +271,11 @@ def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl
             "status": [view.outcome for view in views],
             "diff": [_diff_text(view.record) for view in views],
             "failure": [None if view.waiting else failures.failure_text(view, job_states) for view in views],
+            "gpu_hours": [gpu_hours(view) for view in views],
+            "note": [cell_note(view) for view in views],
         },
-        schema={"cell": pl.String, "status": pl.String, "diff": pl.String, "failure": pl.String},
+        schema={"cell": pl.String, "status": pl.String, "diff": pl.String, "failure": pl.String,
+                "gpu_hours": pl.Float64, "note": pl.String},
     )
     # A cell waiting to start over keeps its earlier run's metrics until it starts: no
     # numbers of the attempt its row is about.
@@ -194,7 +293,8 @@ def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl
     evals = records.filter(pl.col("kind") == "eval").group_by("cell").agg(EVAL_AGGREGATES)
     joined = (cell_info.join(train, on="cell", how="left", maintain_order="left")
               .join(evals, on="cell", how="left", maintain_order="left")
-              .with_columns(DELTA_VS_BASE))
+              .with_columns(DELTA_VS_BASE, BOTTLENECK, COLLAPSE, PER_GPU_HOUR)
+              .with_columns(_noise_note()))
     both = pl.collect_all([joined.select(columns) for columns in TABLES.values()])
     return dict(zip(TABLES, both))
 
@@ -246,10 +346,19 @@ def group_by_grid(runs_dir: Path, specs) -> dict[Path, list[Path] | None]:
     return grids
 
 
-def make_report(session, specs, fmt: str = "table") -> int:
-    """Build, print and write the tables of the grids (or cells) named by ``specs``."""
+def make_report(session, specs, fmt: str = "table", table: str | None = None) -> int:
+    """Build, print and write the tables of the grids (or cells) named by ``specs``.
+
+    ``--format csv|json`` print data only, on stdout (what was written goes to stderr):
+    csv one table (``--table``), json one document holding the tables asked for.
+    """
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    if table is not None and table not in TABLES:
+        raise UsageError(f"--table {table}: expected one of {', '.join(TABLES)}")
+    if fmt == "csv" and table is None:
+        raise UsageError("--format csv prints one table: add --table throughput or --table accuracy "
+                         "(every table is written under runs/<grid>/report/ as well)")
     grids = group_by_grid(session.runs_dir, specs)
     if not grids:
         session.console.print(f"no runs under {session.display_path(session.runs_dir)}", markup=False)
@@ -259,13 +368,22 @@ def make_report(session, specs, fmt: str = "table") -> int:
             for line in file_warnings(st.view(directory), session.display_path):
                 session.err_console.print(f"WARNING: {line}", markup=False)
         tables = grid_tables(grid_dir, cells)
+        heading = grid_heading(grid_dir, cells)
         written = write_tables(grid_dir / REPORT_DIR, tables, fmt)
-        _print(session, grid_dir.name, tables, fmt, written)
+        shown = {name: frame for name, frame in tables.items() if table in (None, name)}
+        _print(session, grid_dir.name, heading, shown, fmt, written)
     return ExitCode.OK
 
 
-def _print(session, grid: str, tables: dict[str, pl.DataFrame], fmt: str, written: list[Path]) -> None:
+def _print(session, grid: str, heading: str, tables: dict[str, pl.DataFrame], fmt: str,
+           written: list[Path]) -> None:
     console = session.console
+    if fmt == "json":
+        console.print(json.dumps({"grid": grid, "heading": heading,
+                                  "tables": {name: frame.to_dicts() for name, frame in tables.items()}}),
+                      markup=False, soft_wrap=True)
+    if fmt in ("table", "md"):
+        console.print(f"{grid}: {heading}", markup=False, style="bold" if fmt == "table" else None)
     for name, frame in tables.items():
         if fmt == "table":
             # Columns no cell has a value in (no eval, no timing breakdown) are left out on
@@ -274,15 +392,15 @@ def _print(session, grid: str, tables: dict[str, pl.DataFrame], fmt: str, writte
                                  if column in ("cell", "status") or frame[column].null_count() < frame.height)
             _print_table(console, f"{grid}: {name}", shown)
         elif fmt == "csv":
-            console.print(f"# {grid} {name}", markup=False)
-            console.print(frame.write_csv(), markup=False, end="")
+            console.print(frame.write_csv(), markup=False, end="", soft_wrap=True)
         elif fmt == "md":
             console.print(f"## {grid}: {name}\n", markup=False)
             console.print(to_markdown(frame), markup=False)
-        elif fmt == "json":
-            console.print(json.dumps({"grid": grid, "table": name, "rows": frame.to_dicts()}), markup=False)
     shown = ", ".join(session.display_path(path) for path in written)
-    console.print(f"wrote {shown}", markup=False, style="dim" if fmt == "table" else None)
+    if fmt in ("csv", "json"):  # data only on stdout
+        session.err_console.print(f"wrote {shown}", markup=False)
+    else:
+        console.print(f"wrote {shown}", markup=False, style="dim" if fmt == "table" else None)
 
 
 # How each column of the tables shows on screen (the files keep the full names): a short
@@ -304,6 +422,18 @@ SCREEN = {
     "kl_first": Column(header="kl first", justify="right", drop=6),
     "kl_last": Column(header="kl last", justify="right"),
     "memory_peak_gb": Column(header="mem GB", justify="right", drop=3),
+    "timed_steps": Column(header="n", justify="right", drop=4),
+    "sec_per_step_sd": Column(header="±sd", justify="right", drop=3),
+    "bottleneck": Column(header="bound", justify="right"),
+    "gpu_hours": Column(header="GPU h", justify="right", drop=4),
+    "note": Column(header="note", floor=16, drop=5),
+    "pass_at_k_best": Column(header="best@k", justify="right", drop=4),
+    "pass_at_k_best_step": Column(header="at", justify="right", drop=3),
+    "pass_at_k_per_gpu_hour": Column(header="@k/GPU h", justify="right", drop=3),
+    "entropy_first": Column(header="ent first", justify="right", drop=2),
+    "entropy_last": Column(header="ent last", justify="right", drop=4),
+    "entropy_collapse": Column(header="collapse", justify="right"),
+    "logratio_max": Column(header="max logr", justify="right", drop=1),
     "reward_first": Column(header="rew first", justify="right", drop=6),
     "reward_last": Column(header="rew last", justify="right"),
     "pass_at_1": Column(header="pass@1", justify="right", drop=3),
@@ -325,6 +455,10 @@ def _screen_value(column: str, value) -> Text:
         return status_text(value)
     if column == "delta_vs_base_pct":
         return Text(f"{value:+.1f}%")
+    if column == "entropy_collapse":
+        return Text("COLLAPSED", style="bold red") if value else Text("no")
+    if column == "bottleneck":
+        return Text(value.removesuffix("-bound"))
     if column in FRACTIONS:
         return Text(f"{value:.0%}")
     if isinstance(value, float):

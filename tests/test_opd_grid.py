@@ -45,7 +45,7 @@ def test_smoke_run_reports_the_teacher_share_and_the_kl(sweeper):
     project = project_with_grids(sweeper)
     result = project.run("run", f"{GRID}::topk16_lr1e-4", "--profile", "smoke")
     assert result.ret == 0, result
-    report = project.run("report", GRID, "--format", "csv")
+    report = project.run("report", GRID, "--format", "csv", "--table", "accuracy")
     assert report.ret == 0, report
     header, *rows = (sweeper.path / "runs" / "opd_qwen3" / "report" / "accuracy.csv").read_text().splitlines()
     columns = header.split(",")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 
@@ -35,7 +36,9 @@ def reported(tmp_path_factory):
     """, steps=6, t=1.0, sleep=0.0)
     run = sweeper.run("run", "--executor", "debug")
     assert run.ret == 1, run  # broken failed
-    outputs = {fmt: sweeper.run("report", "--format", fmt) for fmt in ("table", "csv", "md", "json", "parquet")}
+    outputs = {fmt: sweeper.run("report", "--format", fmt) for fmt in ("table", "md", "json", "parquet")}
+    outputs["csv"] = sweeper.run("report", "--format", "csv", "--table", "throughput")
+    outputs["csv-both"] = sweeper.run("report", "--format", "csv")
     return sweeper, outputs
 
 
@@ -94,10 +97,14 @@ def test_every_format_is_written_and_parses_back(reported):
     assert markdown[0].startswith("| cell | status | steps | reward_first |")
     assert markdown[2].startswith("| base | passed | 6 |")
 
-    printed_csv = outputs["csv"].stdout
-    assert "# g throughput" in printed_csv and "base,passed,6," in printed_csv
-    printed = [json.loads(line) for line in outputs["json"].stdout.splitlines() if line.startswith("{")]
-    assert {(item["grid"], item["table"]) for item in printed} == {("g", "throughput"), ("g", "accuracy")}
+    # machine formats print data only: stdout parses as it is, what was written goes to stderr
+    printed_csv = pl.read_csv(io.StringIO(outputs["csv"].stdout))
+    assert printed_csv["cell"].to_list() == parquet["cell"].to_list()
+    assert "wrote " in outputs["csv"].stderr and "wrote " not in outputs["csv"].stdout
+    assert outputs["csv-both"].ret == 4 and "--format csv prints one table" in outputs["csv-both"].stderr
+    printed = json.loads(outputs["json"].stdout)
+    assert printed["grid"] == "g" and set(printed["tables"]) == {"throughput", "accuracy"}
+    assert [row["cell"] for row in printed["tables"]["accuracy"]] == parquet["cell"].to_list()
     assert "| faster | passed |" in outputs["md"].stdout
     assert "throughput.parquet" in outputs["parquet"].stdout
     table = outputs["table"].stdout
@@ -152,14 +159,13 @@ def ordered(tmp_path_factory):
 def test_report_rows_follow_the_grid_file_and_grids_the_order_given(ordered):
     result = ordered.run("report", "grids/g.py", "grids/a_second.py", "--format", "json")
     assert result.ret == 0, result
-    tables = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert [(t["grid"], t["table"]) for t in tables] == [("g", "throughput"), ("g", "accuracy"),
-                                                         ("a_second", "throughput"), ("a_second", "accuracy")]
-    assert [row["cell"] for row in tables[0]["rows"]] == GRID_ORDER
-    assert [row["cell"] for row in tables[2]["rows"]] == ["base", "x30", "x4"]  # not x4, x30
+    documents = [json.loads(line) for line in result.stdout.splitlines()]  # JSON Lines: one a grid
+    assert [(d["grid"], list(d["tables"])) for d in documents] == [("g", ["throughput", "accuracy"]),
+                                                                   ("a_second", ["throughput", "accuracy"])]
+    assert [row["cell"] for row in documents[0]["tables"]["throughput"]] == GRID_ORDER
+    assert [row["cell"] for row in documents[1]["tables"]["throughput"]] == ["base", "x30", "x4"]  # not x4, x30
     other_way = ordered.run("report", "grids/a_second.py", "grids/g.py", "--format", "json")
-    assert [json.loads(line)["grid"] for line in other_way.stdout.splitlines() if line.startswith("{")][::2] == \
-        ["a_second", "g"]
+    assert [json.loads(line)["grid"] for line in other_way.stdout.splitlines()] == ["a_second", "g"]
     files = pl.read_parquet(ordered.path / "runs" / "g" / "report" / "accuracy.parquet")
     assert files["cell"].to_list() == GRID_ORDER
 
@@ -195,3 +201,42 @@ def test_report_and_status_fit_a_100_column_terminal(ordered):
         assert "EXCEPTION" in failed and failed.rstrip().endswith("…"), failed
     wide = ordered.run("report", "grids/g.py", env={"COLUMNS": "300"})
     assert "RuntimeError: boom at step 2" in wide.stdout and "note=" in wide.stdout, wide.stdout
+
+
+def test_labels_that_decide_bottleneck_collapse_and_how_many_steps(reported):
+    sweeper, outputs = reported
+    report_dir = sweeper.path / "runs" / "g" / "report"
+    throughput = pl.read_parquet(report_dir / "throughput.parquet")
+    accuracy = pl.read_parquet(report_dir / "accuracy.parquet")
+    rows = {row["cell"]: row for row in throughput.iter_rows(named=True)}
+    # cell_program's split: generate 50 %, train 30 %, sync 10 % of each step
+    assert {rows[name]["bottleneck"] for name in ("base", "faster")} == {"generate-bound"}
+    assert rows["base"]["timed_steps"] == 5 and rows["base"]["sec_per_step_sd"] > 0  # 6 steps, 1 warm-up
+    assert rows["base"]["gpu_hours"] is None  # a CPU cell
+    # its entropy is 1/step: from 1 to 1/6, below COLLAPSE_FRACTION of where it began
+    collapse = dict(zip(accuracy["cell"], accuracy["entropy_collapse"]))
+    assert collapse["base"] is True
+    assert outputs["table"].stdout.splitlines()[0].startswith("g: profile none · model ")
+    assert "COLLAPSED" in outputs["table"].stdout
+
+
+def test_a_diff_of_inert_knobs_only_and_one_timed_step_are_said(tmp_path):
+    from sweepkit import state as st
+    from sweepkit.report import cell_note, grid_tables
+
+    grid = tmp_path / "g"
+    for name, diff in (("base", {}), ("gmu085", {"gpu_memory_utilization": [0.7, 0.85]})):
+        cell = grid / name
+        cell.mkdir(parents=True)
+        (cell / "cell.json").write_text(json.dumps({"nodeid": f"grids/g.py::{name}", "name": name, "diff": diff,
+                                                    "config": {"model": "tiny-random"}, "profile": "smoke"}))
+        info = {"kind": "info", "step": 0, "device": "cpu",
+                "inert_knobs": {"gpu_memory_utilization": {"value": 0.85, "changed": True, "reason": "cpu"}}}
+        steps = [{"kind": "train", "step": s, "timing/step": 1.0 + s, "timing/generate": 0.5} for s in (1, 2)]
+        (cell / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [info, *steps]))
+    assert cell_note(st.view(grid / "gmu085")) == "inert: gpu_memory_utilization had no effect in this run"
+    assert cell_note(st.view(grid / "base")) is None
+    notes = dict(grid_tables(grid)["throughput"].select("cell", "note").iter_rows())
+    assert notes["gmu085"] == ("inert: gpu_memory_utilization had no effect in this run; "
+                               "vs base rests on 1 timed step")
+    assert notes["base"] is None

@@ -90,9 +90,9 @@ def test_mid_rerun_a_cell_not_started_again_shows_no_numbers_of_its_old_run(swee
     assert lines["grids/g.py::base"][:3] == ["running", "2", "1"], status.stdout  # status, attempts, step
     for cell in ("grids/g.py::c1", "grids/g.py::c2"):
         assert lines[cell] == ["pending", "1"], status.stdout  # one attempt so far; no step, reward, age, job
-    tables = [json.loads(line) for line in report.stdout.splitlines() if line.startswith("{")]
-    for table in tables:
-        rows = {row["cell"]: row for row in table["rows"]}
+    (document,) = [json.loads(line) for line in report.stdout.splitlines()]  # one JSON line a grid
+    for table in document["tables"].values():
+        rows = {row["cell"]: row for row in table}
         assert rows["base"]["steps"] == 1
         for cell in ("c1", "c2"):
             numbers = {key: value for key, value in rows[cell].items() if key not in ("cell", "status", "diff")}
