@@ -7,14 +7,17 @@ The ``smoke`` profile makes a whole grid run on a laptop CPU in minutes while
 every cell stays distinct:
 
 * ``model="tiny-random"``, ``device="cpu"``, ``backend="hf"``, ``gpus=0``;
-* ``dataset``: a local path (a file or directory holding GSM8K rows) is kept;
+* ``dataset``: a local path (a file or directory holding GSM8K or MATH rows) is kept;
   a hub name such as ``"gsm8k"`` becomes ``$SWEEPKIT_GSM8K`` when that names an
-  existing path, else the built-in ``"synthetic"`` task, so smoke runs offline;
+  existing path, and ``"math"`` becomes ``$SWEEPKIT_MATH`` likewise (never GSM8K),
+  else the built-in ``"synthetic"`` task, so smoke runs offline;
 * ``max_steps=2``, generations of at most 16 tokens, prompts of at most 128;
 * ``train_batch_size`` and ``policy_mini_batch_size`` divided by one common factor
   (:data:`BATCH_DIVISOR`) with their ratio kept, so ``tbs64`` … ``tbs512`` stay
   distinct and ``train_batch_size % policy_mini_batch_size == 0`` still holds;
-* a small eval (:data:`SMOKE_EVAL_LIMIT` prompts, 2 samples each), no final export.
+* a small eval (:data:`SMOKE_EVAL_LIMIT` prompts, 2 samples each), no final export;
+* an OPD cell's ``teacher_model`` becomes ``tiny-random`` too (built from the teacher's
+  own seed, so it differs from the student).
 
 The ``gpu`` profile runs a grid's cells on one GPU of a machine that has the trainer's
 dependencies but no hub access (a benchmark machine, a cluster's GPU node):
@@ -35,13 +38,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sweepkit import Target, hookimpl
+from sweepkit import hookimpl
+from sweepkit.executors.warm import WarmTarget
 from trainer.config import ConfigError, TrainerConfig, check_type, schema
+from trainer.data import MATH_NAMES
 from trainer.shapes import RANDOM_PREFIX, TINY_MODEL
 
 TRAINER_ARGV = ("{python}", "-m", "trainer", "{config}", "--ckpt-dir", "{ckpt_dir}",
                 "--metrics", "{metrics}")
+# What `python -m trainer` imports on its way to the first step (torch and transformers are
+# most of a smoke cell's time), for a warm worker to import once per local sweep run; and
+# the variables those imports read (thread pools, the HF hub and cache settings; not
+# CUDA_VISIBLE_DEVICES: torch reads it when a child first uses CUDA, never at import).
+TRAINER_PRELOAD = ("torch", "transformers", "trainer.cli", "trainer.checkpoint", "trainer.rollout",
+                   "trainer.data", "trainer.models", "trainer.loop", "trainer.stopping",
+                   "transformers.tokenization_utils_tokenizers", "transformers.convert_slow_tokenizer")
+TRAINER_PRELOAD_ENV = ("OMP_*", "MKL_*", "OPENBLAS_*", "GOMP_*", "KMP_*", "TORCH*", "PYTORCH_*",
+                       "HF_*", "TRANSFORMERS_*", "TOKENIZERS_*")
 GSM8K_ENV = "SWEEPKIT_GSM8K"
+MATH_ENV = "SWEEPKIT_MATH"
 BATCH_DIVISOR = 16
 SMOKE_STEPS = 2
 SMOKE_GENERATE = 16
@@ -56,7 +71,8 @@ GPU_DEFAULT_SHAPE = "random:qwen2.5-0.5b"
 
 @hookimpl
 def sweep_register_targets(register):
-    register("trainer", Target(name="trainer", argv=TRAINER_ARGV, schema=schema()))
+    register("trainer", WarmTarget(name="trainer", argv=TRAINER_ARGV, schema=schema(),
+                                   preload=TRAINER_PRELOAD, preload_env=TRAINER_PRELOAD_ENV))
 
 
 @hookimpl
@@ -68,10 +84,11 @@ def sweep_register_profiles(register):
 
 
 def smoke_dataset(dataset: str) -> str:
-    """Keep a local path; a hub name becomes $SWEEPKIT_GSM8K (if it exists) or 'synthetic'."""
+    """Keep a local path; a hub name becomes $SWEEPKIT_GSM8K ('math': $SWEEPKIT_MATH) if that
+    exists, else 'synthetic'."""
     if dataset == "synthetic" or Path(dataset).exists():
         return dataset
-    local = os.environ.get(GSM8K_ENV)
+    local = os.environ.get(MATH_ENV if dataset in MATH_NAMES else GSM8K_ENV)
     if local and Path(local).exists():
         return local
     return "synthetic"
@@ -110,6 +127,8 @@ def gpu(config: dict, target_name: str) -> dict:
         "export_final": False,
         **_scaled_batches(config, fields, GPU_BATCH_DIVISOR),
     }
+    if config.get("teacher_model"):  # OPD: a random teacher of the same 0.5B shape (its own seed)
+        changes["teacher_model"] = gpu_model(config["teacher_model"])
     return {k: v for k, v in changes.items() if config.get(k, fields.get(k, {}).get("default")) != v}
 
 
@@ -136,6 +155,10 @@ def smoke(config: dict, target_name: str) -> dict:
     }
     if config.get("num_gpus"):
         changes["num_gpus"] = 0
+    if config.get("teacher_model"):
+        # OPD: a tiny random teacher; the trainer builds it from its own seed, so the
+        # student has a real KL to close.
+        changes["teacher_model"] = "tiny-random"
     if config.get("ckpt_interval", 0) > SMOKE_STEPS:
         changes["ckpt_interval"] = SMOKE_STEPS
     if dataset == "synthetic":

@@ -11,6 +11,12 @@ A local job is a process tree started by this driver (submitit's controller, the
 job, then the cell's command). It does not die with the driver: a driver that is killed
 leaves its running cells running, holding their locks, and the next driver waits for them.
 
+A cell whose target declares modules to preload (:class:`~sweepkit.executors.warm.WarmTarget`,
+the built-in trainer does) and whose command is ``{python} -m MODULE ...`` starts from a
+warm worker of this sweep run that has imported them once (``sweepkit.executors.warm``):
+the job then runs the worker's client instead of the command, and the cell's process is a
+fork of the worker, with everything else as below. ``SWEEP_WARM=0`` starts every cell cold.
+
 The tree stays in the driver's process group, so the terminal's Ctrl-C reaches the job and
 the cell's command as it reaches the driver, but not the controller: it starts with SIGINT
 blocked. Interrupted, the controller would print its traceback on the terminal and kill
@@ -36,6 +42,7 @@ import attrs
 
 from sweepkit import state as st
 from sweepkit.executors.base import DONE, RUNNING, Executor, Handle
+from sweepkit.executors.warm import WarmPool, WarmStart, warm_enabled
 from sweepkit.hookspec import hookimpl
 from sweepkit.job import CellJob, run_cell
 
@@ -64,12 +71,22 @@ def detect_gpus(environ=None) -> list[str]:
 class LocalExecutor(Executor):
     name = "local"
 
-    def __init__(self, gpus: Sequence[str], max_parallel: int | None = None):
+    def __init__(self, gpus: Sequence[str], max_parallel: int | None = None, warm: bool = True):
         self.gpus = list(gpus)
         self._max_parallel = max_parallel if max_parallel is not None else max(1, len(self.gpus))
         self._free = list(self.gpus)
         self._running: list[Handle] = []
         self._foreign: dict[str, list[str]] = {}  # cells of other drivers on this machine -> their GPUs
+        self._warm_pool = WarmPool() if warm else None
+        self._warm_starts: dict[str, WarmStart] = {}  # submission token -> its target's preloads
+
+    def bind(self, job: CellJob, cell) -> CellJob:
+        # Remembered, not applied: the command a job shows (--dry-run) stays the cell's own,
+        # and the worker is started only for a cell that is submitted.
+        warm = WarmStart.of(cell.target)
+        if warm is not None:
+            self._warm_starts[job.token] = warm
+        return job
 
     @property
     def max_parallel(self) -> int:
@@ -106,6 +123,8 @@ class LocalExecutor(Executor):
                 raise RuntimeError(f"{job.nodeid}: submitted without {job.gpus} free GPUs")
             del self._free[: job.gpus]
             placed = attrs.evolve(job, env={**job.env, "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)})
+            if self._warm_pool is not None:
+                placed = self._warm_pool.place(placed, self._warm_starts.pop(job.token, None))
             executor = submitit.LocalExecutor(folder=Path(job.cell_dir) / ".submitit")
             # gpus_per_node=0: submitit would number GPUs itself; the job sets the ids above.
             executor.update_parameters(timeout_min=NO_TIMEOUT_MIN, gpus_per_node=0)
@@ -139,6 +158,10 @@ class LocalExecutor(Executor):
 
     def release_foreign(self, nodeid: str) -> None:
         self._free.extend(self._foreign.pop(nodeid, []))
+
+    def close(self) -> None:
+        if self._warm_pool is not None:
+            self._warm_pool.close()
 
     def error(self, handle: Handle) -> str | None:
         failure = handle.job.exception()
@@ -205,10 +228,12 @@ def _running_attempt(handle: Handle):
 
 
 def _make(session) -> LocalExecutor:
-    return LocalExecutor(detect_gpus(), max_parallel=getattr(session.options, "max_parallel", None))
+    return LocalExecutor(detect_gpus(), max_parallel=getattr(session.options, "max_parallel", None),
+                         warm=warm_enabled())
 
 
 @hookimpl
 def sweep_register_executors(register):
     register("local", _make, "submitit local jobs on this machine; one cell per GPU "
-             "(one at a time without GPUs), --max-parallel N to change")
+             "(one at a time without GPUs), --max-parallel N to change; a target's preloaded modules "
+             "are imported once per run (SWEEP_WARM=0: every cell cold)")
