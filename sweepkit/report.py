@@ -41,7 +41,10 @@ a step logged twice by a resumed run counts once, the later record):
   ``pass_at_k_per_gpu_hour``: the last ``pass_at_k`` over it; ``pass_at_k_best`` /
   ``pass_at_k_best_step``: the best eval and its step.
 
-Each grid's tables are headed by the profile, model and device its runs used.
+Each grid's tables are headed by the profile, model and device its runs used. Besides the
+parquet, csv and markdown files, ``runs/<grid>/report/index.html`` is one self-contained
+page (no script, no network: clusters are offline) with the tables, each cell's diff and
+the reward, pass@k, entropy and sec/step curves of every cell (``sweepkit.html_report``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from rich.text import Text
 from sweepkit import failures, metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
+from sweepkit.html_report import CURVES, write_page
 from sweepkit.progress import status_text
 from sweepkit.session import ExitCode
 from sweepkit.status import file_warnings, grid_order
@@ -81,6 +85,8 @@ COLLAPSE_FRACTION = 0.2
 OPTIONAL = ("teacher_frac", "kl_first", "kl_last")
 TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
 
+# What the HTML page draws, by step.
+CURVE_METRICS = tuple(name for name, _ in CURVES)
 # Every metric an expression below reads; a cell set that never logged one gets nulls.
 USED_METRICS = ("timing/step", "timing/generate", "timing/policy_train", "timing/sync_weights", "timing/ref",
                 "timing/teacher", "distill/token_kl_mean",
@@ -262,6 +268,12 @@ def grid_heading(grid_dir: Path, cells: list[Path] | None = None) -> str:
 
 def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl.DataFrame]:
     """The two tables of one grid dir, optionally only for some of its cells."""
+    return grid_frames(grid_dir, cells)[0]
+
+
+def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
+    """The tables, and the per-step frame they came from (``cell``, ``kind``, ``step`` and
+    the metrics the curves of the HTML page draw), from one scan of every cell."""
     views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
     job_states = failures.job_records(views)  # failure classes of SLURM attempts need their job states
     views.sort(key=grid_order)  # as `sweep list` shows them, not by name
@@ -295,8 +307,9 @@ def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl
               .join(evals, on="cell", how="left", maintain_order="left")
               .with_columns(DELTA_VS_BASE, BOTTLENECK, COLLAPSE, PER_GPU_HOUR)
               .with_columns(_noise_note()))
-    both = pl.collect_all([joined.select(columns) for columns in TABLES.values()])
-    return dict(zip(TABLES, both))
+    curves = records.select("cell", "kind", "step", *(name for name in CURVE_METRICS)).sort("cell", "step")
+    *both, steps = pl.collect_all([*(joined.select(columns) for columns in TABLES.values()), curves])
+    return dict(zip(TABLES, both)), steps
 
 
 def to_markdown(frame: pl.DataFrame) -> str:
@@ -367,9 +380,12 @@ def make_report(session, specs, fmt: str = "table", table: str | None = None) ->
         for directory in cells if cells is not None else st.cell_dirs(grid_dir):
             for line in file_warnings(st.view(directory), session.display_path):
                 session.err_console.print(f"WARNING: {line}", markup=False)
-        tables = grid_tables(grid_dir, cells)
+        tables, steps = grid_frames(grid_dir, cells)
         heading = grid_heading(grid_dir, cells)
         written = write_tables(grid_dir / REPORT_DIR, tables, fmt)
+        diffs = dict(zip(tables["throughput"]["cell"], tables["throughput"]["diff"]))
+        written.append(write_page(grid_dir / REPORT_DIR / "index.html", grid=grid_dir.name, tables=tables,
+                                  steps=steps, diffs=diffs, heading=heading))
         shown = {name: frame for name, frame in tables.items() if table in (None, name)}
         _print(session, grid_dir.name, heading, shown, fmt, written)
     return ExitCode.OK

@@ -240,3 +240,13 @@ def test_a_diff_of_inert_knobs_only_and_one_timed_step_are_said(tmp_path):
     assert notes["gmu085"] == ("inert: gpu_memory_utilization had no effect in this run; "
                                "vs base rests on 1 timed step")
     assert notes["base"] is None
+
+
+def test_the_report_writes_one_html_page_with_the_curves(reported):
+    sweeper, outputs = reported
+    page = (sweeper.path / "runs" / "g" / "report" / "index.html").read_text()
+    assert "index.html" in outputs["table"].stdout
+    assert page.count("<svg") == 4  # reward, pass@k, entropy, sec/step
+    for cell in ("base", "faster", "mirror_only", "broken"):
+        assert cell in page
+    assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
