@@ -19,7 +19,7 @@ from sweepkit.errors import UsageError
 from sweepkit.session import ExitCode, Session, make_console
 
 REPORT_FORMATS = ("table", "csv", "md", "json", "parquet")
-COMMANDS = ("list", "run", "status", "report", "cancel", "plugins")
+COMMANDS = ("list", "run", "status", "report", "suggest", "compare", "cancel", "plugins")
 
 
 class _EarlyParseError(Exception):
@@ -132,6 +132,22 @@ def build_parser(registry=None, parser_class=_Parser):
                              "print data only (what was written goes to stderr)")
     report.add_argument("--table", choices=("throughput", "accuracy"),
                         help="print only this table (csv needs one: a CSV file holds one table)")
+    suggest = command("suggest", "the winner of each one-factor axis, and a combo cell joining them, as grid code")
+    suggest.add_argument("paths", nargs="*", metavar="PATH", help="the grid file (one)")
+    suggest.add_argument("--by", default="sec_per_step", metavar="COLUMN",
+                         help="the report column that decides (default: sec_per_step; also tok_per_s, "
+                              "pass_at_k, reward_last, any numeric column)")
+    direction = suggest.add_mutually_exclusive_group()
+    direction.add_argument("--lower", dest="lower", action="store_const", const=True, default=None,
+                           help="lower is better (known for the usual columns)")
+    direction.add_argument("--higher", dest="lower", action="store_const", const=False)
+    for name in ("keyword", "markexpr", "profile"):
+        suggest.set_defaults(**{name: None})
+    suggest.set_defaults(failed=False, verbose=0)
+    compare = command("compare", "two runs of a grid, cell by cell: the change of each column, beyond the noise")
+    compare.add_argument("a", metavar="A", help="runs/<grid> dir (or a grid of this runs dir)")
+    compare.add_argument("b", metavar="B", help="the other runs/<grid> dir")
+    compare.add_argument("--columns", metavar="C1,C2", help="columns to compare (default: every numeric one)")
     cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them, "
                                "and stop the local sweep run on this machine that runs any of them")
     cancel.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)

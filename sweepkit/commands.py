@@ -193,6 +193,56 @@ def _plugins_table(rows: list[tuple[str, str, str]]) -> Table:
     return table
 
 
+def _report_table(grid_dir) -> "object":
+    """Both report tables of a grid dir as one frame, a row a cell."""
+    from sweepkit.report import grid_tables
+
+    tables = grid_tables(grid_dir)
+    shared = ("status", "steps", "diff", "failure")
+    return tables["throughput"].join(tables["accuracy"].drop(shared), on="cell", how="left", maintain_order="left")
+
+
+def cmd_suggest(session: Session) -> int:
+    """The winner of each one-factor axis by a column, and the combo cell that joins them."""
+    from sweepkit.suggest import format_suggestion, suggest
+
+    options = session.options
+    cells = _selected(session)
+    if not cells:
+        return ExitCode.NO_CELLS
+    grids = {cell.grid_name for cell in cells}
+    if len(grids) != 1:
+        raise UsageError(f"sweep suggest takes one grid, got {len(grids)}: {', '.join(sorted(grids))}")
+    (grid,) = grids
+    grid_dir = session.runs_dir / grid
+    if not grid_dir.is_dir():
+        raise UsageError(f"{grid}: no runs under {session.display_path(session.runs_dir)}; run it first")
+    result = suggest(cells, _report_table(grid_dir), column=options.by, lower_is_better=options.lower)
+    session.console.print(format_suggestion(result), markup=False, soft_wrap=True)
+    return ExitCode.OK
+
+
+def cmd_compare(session: Session) -> int:
+    """Two runs of a grid, cell by cell: each column's change and which exceed the noise."""
+    from pathlib import Path
+
+    from sweepkit.compare import compare, format_compare
+
+    options = session.options
+    sides = []
+    for spec in (options.a, options.b):
+        directory = Path(spec)
+        if not directory.is_dir():
+            directory = session.runs_dir / Path(spec).stem
+        if not directory.is_dir() or not any(directory.glob("*/cell.json")):
+            raise UsageError(f"sweep compare: {spec}: not a grid's runs (a directory of cell dirs, such as "
+                             f"runs/<grid>, or a grid of this runs dir)")
+        sides.append(_report_table(directory))
+    columns = options.columns.split(",") if options.columns else None
+    session.console.print(format_compare(compare(*sides, columns=columns)), markup=False, soft_wrap=True)
+    return ExitCode.OK
+
+
 def cmd_plugins(session: Session) -> int:
     rows, hook_names = [], []
     for name, module in session.pm.list_name_plugin():
