@@ -34,6 +34,7 @@ from sweepkit.executors import sacct
 
 OOM, TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED = "OOM", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "CANCELLED"
 NCCL, EXCEPTION, UNKNOWN, XFAIL = "NCCL", "EXCEPTION", "UNKNOWN", "XFAIL"
+GUARD = "GUARD"  # stopped by a live guard (sweep_watch_cell), the rule in the attempt's failure
 
 SCHEDULER_STATES = {
     "OUT_OF_MEMORY": OOM,

@@ -235,6 +235,18 @@ def sweep_cell_finished(cell: "Cell", state) -> None:
     """Called when a cell has ended, whatever the outcome (``state``: the final state)."""
 
 
+@hookspec(firstresult=True)
+def sweep_watch_cell(cell: "Cell", records: "list[dict]") -> "str | None":
+    """A live guard: the reason to stop a running cell now, or None.
+
+    ``records`` are the cell's metric records so far (``kind``, ``step`` and the metrics),
+    in step order; called as new ones arrive. The runner stops a cell a guard names the
+    way ``sweep cancel`` does (the trainer checkpoints its last step) and records the
+    attempt failed with failure class ``GUARD`` and the reason. A guard only stops: it
+    never changes a cell's settings (a series must keep its hyper-parameters).
+    """
+
+
 # -- cluster jobs (the SLURM executor) ------------------------------------------------
 
 

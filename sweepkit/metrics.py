@@ -184,6 +184,7 @@ class Follower:
         self._source: tuple[str, Path] | None = None
         self._offset = 0
         self._records: dict[tuple[str, int], dict[str, Any]] = {}
+        self.ordered: list[dict[str, Any]] = []  # every record read so far, in step order
 
     def summary(self) -> Summary:
         found = source(self.directory)
@@ -202,8 +203,8 @@ class Follower:
         for record in PARSERS[kind](text.splitlines()):
             self._records.pop((record["kind"], record["step"]), None)
             self._records[(record["kind"], record["step"])] = record
-        ordered = sorted(self._records.values(), key=lambda record: record["step"])
-        return summarize(ordered, updated=stat.st_mtime)
+        self.ordered = sorted(self._records.values(), key=lambda record: record["step"])
+        return summarize(self.ordered, updated=stat.st_mtime)
 
 
 def summary(directory: Path) -> Summary:

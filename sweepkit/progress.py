@@ -32,12 +32,12 @@ LABELS = {
     "xpassed-strict": "XPASS(strict)", "skipped": "SKIPPED", "cancelled": "CANCELLED",
     "interrupted": "INTERRUPTED", "pending": "pending", "submitted": "submitted",
     "running": "running", "attached": "running*", "completed": "completed",
-    "deleted": "DELETED", "damaged": "DAMAGED",
+    "deleted": "DELETED", "damaged": "DAMAGED", "stopping": "STOPPING",
 }
 STYLES = {
     "passed": "green", "xfailed": "yellow", "xpassed": "yellow", "skipped": "cyan",
     "failed": "bold red", "xpassed-strict": "bold red", "cancelled": "red", "interrupted": "red",
-    "running": "blue", "attached": "blue", "deleted": "magenta", "damaged": "bold red",
+    "running": "blue", "attached": "blue", "deleted": "magenta", "damaged": "bold red", "stopping": "bold red",
 }
 
 

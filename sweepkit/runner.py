@@ -23,6 +23,7 @@ from pathlib import Path
 import attrs
 from rich.text import Text
 
+from sweepkit import failures
 from sweepkit import plan as pl
 from sweepkit import state as st
 from sweepkit.errors import UsageError
@@ -214,6 +215,8 @@ class Tracked:
     handle: Handle | None = None
     started_seen: bool = False
     held: bool = False  # counted by the executor as another driver's running cell (hold_foreign)
+    guard: str | None = None  # why a live guard stopped it (sweep_watch_cell)
+    watched: int = 0  # metric records the guards have seen
 
 
 class Run:
@@ -395,6 +398,8 @@ class Run:
                 shown = tracked.started_seen or tracked.job.resume
                 self.display.update(nodeid, summary=tracked.follower.summary() if shown else Summary(),
                                     status="running" if tracked.started_seen else "submitted")
+                if tracked.started_seen and tracked.guard is None:
+                    self._guard(tracked)
                 continue
             self.active.remove(tracked)
             state = st.read_state(tracked.plan.directory)
@@ -408,6 +413,30 @@ class Run:
             if not tracked.started_seen and state.attempts:
                 self._started(tracked, state)
             self._finished(tracked, state)
+
+    def _guard(self, tracked: Tracked) -> None:
+        """Ask the live guards about a running cell's new metrics; stop it if one says so."""
+        records = tracked.follower.ordered
+        if len(records) == tracked.watched:
+            return
+        tracked.watched = len(records)
+        reason = self.session.hook.sweep_watch_cell(cell=tracked.plan.cell, records=list(records))
+        if reason:
+            tracked.guard = reason
+            self.display.event("stopping", tracked.plan.cell.nodeid, f"guard: {reason}; stopping it with a checkpoint")
+            self.executor.cancel(tracked.handle)
+
+    def _record_guard(self, tracked: Tracked) -> st.CellState | None:
+        """The attempt a guard stopped is failed, its failure the guard's rule."""
+        def change(state: st.CellState | None) -> st.CellState | None:
+            if state is None or not state.attempts or state.state == "completed":
+                return None
+            last = state.attempts[-1]
+            stopped = attrs.evolve(last, ended=last.ended or time.time(), failure=f"guard: {tracked.guard}",
+                                   failure_class=failures.GUARD)
+            return attrs.evolve(state, state="failed", attempts=(*state.attempts[:-1], stopped))
+
+        return st.update_state(tracked.plan.directory, change) or st.read_state(tracked.plan.directory)
 
     def _started(self, tracked: Tracked, state: st.CellState) -> None:
         tracked.started_seen = True
@@ -434,6 +463,8 @@ class Run:
 
     def _finished(self, tracked: Tracked, state: st.CellState | None) -> None:
         directory = tracked.plan.directory
+        if tracked.guard is not None:
+            state = self._record_guard(tracked)
         effective = st.effective_state(directory, state)
         xfail = tracked.plan.cell.xfail
         result = st.outcome(effective, None if xfail is None else {
