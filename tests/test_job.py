@@ -29,8 +29,8 @@ def test_readme_command_target_example_runs_as_written(sweeper):
 
     report = sweeper.run("report", "grids/my_script.py", "--format", "json")
     assert report.ret == 0, report
-    accuracy = next(table for table in map(json.loads, report.stdout.splitlines()[:2]) if table["table"] == "accuracy")
-    rewards = {row["cell"]: row["reward_last"] for row in accuracy["rows"]}
+    accuracy = json.loads(report.stdout)["tables"]["accuracy"]
+    rewards = {row["cell"]: row["reward_last"] for row in accuracy}
     assert rewards == {name: 1 - loss for name, loss in losses.items()}
 
 

@@ -80,12 +80,11 @@ def test_status_and_report_skip_a_bad_metrics_line_and_name_it(sweeper):
     with open(path, "a") as handle:
         handle.write(json.dumps({"kind": "train", "step": "five", "timing/step": 1.0}) + "\n")
     n = len(path.read_text().splitlines())
-    for command in (("status",), ("report", "--format", "csv")):
+    for command in (("status",), ("report", "--format", "csv", "--table", "throughput")):
         result = sweeper.run(*command)
         assert result.ret == 0, result
         assert "Traceback" not in result.output, result
         assert f"runs/g/base/metrics.jsonl:{n}: step 'five' is not an integer; the line is left out" in result.stderr
     report = sweeper.run("report", "--format", "json")
-    tables = [json.loads(line) for line in report.stdout.splitlines() if line.startswith("{")]
-    rows = {row["cell"]: row for row in tables[0]["rows"]}
+    rows = {row["cell"]: row for row in json.loads(report.stdout)["tables"]["throughput"]}
     assert rows["base"]["steps"] == 3 and rows["other"]["steps"] == 2

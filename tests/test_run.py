@@ -419,7 +419,7 @@ def test_real_trainer_cell_runs_and_reports(cpu_sweeper):
     assert sorted(path.name for path in (cell / "ckpt").glob("global_step_*")) == ["global_step_1", "global_step_2"]
     report = cpu_sweeper.run("report", "--format", "json")
     assert report.ret == 0, report
-    tables = {item["table"]: item["rows"][0] for item in map(json.loads, report.stdout.splitlines()[:2])}
+    tables = {name: rows[0] for name, rows in json.loads(report.stdout)["tables"].items()}
     throughput, accuracy = tables["throughput"], tables["accuracy"]
     assert (throughput["status"], throughput["steps"]) == ("passed", 2)
     assert throughput["sec_per_step"] > 0 and throughput["tok_per_s"] > 0
