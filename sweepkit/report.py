@@ -301,6 +301,9 @@ def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[s
     else:
         records = pl.LazyFrame(schema={"cell": pl.String, "kind": pl.String, "step": pl.Int64,
                                        **{name: pl.Float64 for name in USED_METRICS}})
+    # Read once: the tables and the curves all start from these rows (polars would otherwise
+    # plan one scan of every cell's file per branch).
+    records = records.collect().lazy()
     train = records.filter(pl.col("kind") == "train").group_by("cell").agg(TRAIN_AGGREGATES)
     evals = records.filter(pl.col("kind") == "eval").group_by("cell").agg(EVAL_AGGREGATES)
     joined = (cell_info.join(train, on="cell", how="left", maintain_order="left")
