@@ -125,21 +125,19 @@ def _example(row: dict, builder: Callable[[str], str]) -> Example:
     return Example(prompt=builder(row["question"]), answer=row["answer"], question=row["question"])
 
 
-def chat_or_plain(tokenizer, content: str) -> str:
-    """``content`` as one user turn through the chat template, or as is without one."""
+def chat_or_plain(tokenizer, content: str, plain: str) -> str:
+    """``content`` as one user turn through the chat template, or ``plain`` without one."""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
-    return content
+    return plain
 
 
 def _gsm8k_prompt_builder(tokenizer) -> Callable[[str], str]:
     def build(question: str) -> str:
         content = f"{question} {GSM8K_SUFFIX}"
-        if getattr(tokenizer, "chat_template", None):
-            return chat_or_plain(tokenizer, content)
         # Plain text models continue the prompt, so end it where the answer starts.
-        return f"Question: {content}\nAnswer:"
+        return chat_or_plain(tokenizer, content, plain=f"Question: {content}\nAnswer:")
 
     return build
 
@@ -147,19 +145,15 @@ def _gsm8k_prompt_builder(tokenizer) -> Callable[[str], str]:
 def _math_prompt_builder(tokenizer) -> Callable[[str], str]:
     def build(problem: str) -> str:
         content = f"{problem}\n\n{MATH_SUFFIX}"
-        if getattr(tokenizer, "chat_template", None):
-            return chat_or_plain(tokenizer, content)
-        return f"Problem: {content}\nSolution:"
+        return chat_or_plain(tokenizer, content, plain=f"Problem: {content}\nSolution:")
 
     return build
 
 
 def _synthetic_prompt_builder(tokenizer) -> Callable[[str], str]:
     def build(question: str) -> str:
-        if getattr(tokenizer, "chat_template", None):
-            return chat_or_plain(
-                tokenizer, f"Repeat the first digit of: {question}. Output it after \"####\".")
-        return question
+        return chat_or_plain(tokenizer, f"Repeat the first digit of: {question}. Output it after \"####\".",
+                             plain=question)
 
     return build
 
