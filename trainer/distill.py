@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import torch
 
 from trainer.batch import Batch
 from trainer.config import ConfigError
-from trainer.forward import autocast_dtype, left_aligned, response_logits
+from trainer.forward import autocast_dtype, response_hidden, response_logits, split_head
 
 TEACHER_SEED_OFFSET = 7_919  # the seed a built-in random teacher is initialised from, past the run's
 TAIL_FLOOR = 1e-6  # the least mass a tail bucket is given (its log stays finite)
@@ -110,16 +111,12 @@ def position_logprobs(model, batch: Batch, temperature: float, *, micro_batch_si
 
 def _position_logits(model, batch: Batch, keep: torch.Tensor, temperature: float):
     """A function (lo, hi) -> fp32 logits / temperature of kept positions lo..hi."""
-    body = getattr(model, "model", None)
-    head = model.get_output_embeddings()
-    if body is None or head is None or getattr(head, "bias", None) is not None:
+    parts = split_head(model)
+    if parts is None:
         logits = response_logits(model, batch, temperature)[keep].float()
         return lambda lo, hi: logits[lo:hi]
-    input_ids, starts = left_aligned(batch)
-    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state
-    rows = torch.arange(batch.size, device=keep.device)[:, None].expand_as(keep)
-    columns = starts[:, None] - 1 + torch.arange(keep.shape[1], device=keep.device)
-    predicting = hidden[rows[keep], columns[keep]]  # (N, H)
+    body, head = parts
+    predicting = response_hidden(body, batch)  # (N, H)
     dtype = autocast_dtype(predicting) or predicting.dtype
     weight = head.weight.to(dtype)
 
@@ -160,8 +157,6 @@ class Teacher:
     """The frozen teacher of an OPD run: ``token_kl(batch, student)`` is the stage the step calls."""
 
     def __init__(self, cfg, *, student_tokenizer, device, precision):
-        import attrs
-
         from trainer.models import load_model_and_tokenizer
 
         self.cfg = cfg

@@ -35,21 +35,37 @@ def model_inputs(model, batch: Batch):
 def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False):
     """(B, R) fp32 log-probs of the sampled tokens, and entropies (or None), of the sampling
     distribution (logits / temperature); 0 off the response mask. Differentiable."""
-    body = getattr(model, "model", None)
-    head = model.get_output_embeddings()
-    if body is None or head is None or getattr(head, "bias", None) is not None:
+    parts = split_head(model)
+    if parts is None:
         logits = response_logits(model, batch, temperature)
         return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
-    input_ids, starts = left_aligned(batch)
-    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
+    body, head = parts
     keep = batch.response_mask.bool()  # (b, R)
-    response_width = batch.response_ids.shape[1]
-    rows = torch.arange(batch.size, device=keep.device)[:, None].expand_as(keep)
-    columns = starts[:, None] - 1 + torch.arange(response_width, device=keep.device)  # predicts token j
-    predicting = hidden[rows[keep], columns[keep]]  # (N, H)
+    predicting = response_hidden(body, batch)  # (N, H)
     logprobs, entropy = linear_logprobs(predicting, head.weight, batch.response_ids[keep], temperature=temperature,
                                         with_entropy=with_entropy, matmul_dtype=autocast_dtype(predicting))  # (N,)
     return _scatter(logprobs, keep), _scatter(entropy, keep) if with_entropy else None
+
+
+def split_head(model):
+    """(transformer body, lm_head) of a causal LM, or None when it has no separate body or its
+    head has a bias: those take the full logits of :func:`response_logits`."""
+    body = getattr(model, "model", None)
+    head = model.get_output_embeddings()
+    if body is None or head is None or getattr(head, "bias", None) is not None:
+        return None
+    return body, head
+
+
+def response_hidden(body, batch: Batch) -> torch.Tensor:
+    """(N, H) the body's last hidden states that predict each of the N sampled response tokens
+    (row-major over ``batch.response_mask``), from one left-aligned forward."""
+    input_ids, starts = left_aligned(batch)
+    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
+    keep = batch.response_mask.bool()  # (b, R)
+    rows = torch.arange(batch.size, device=keep.device)[:, None].expand_as(keep)
+    columns = starts[:, None] - 1 + torch.arange(keep.shape[1], device=keep.device)  # predicts token j
+    return hidden[rows[keep], columns[keep]]
 
 
 def autocast_dtype(tensor: torch.Tensor):
