@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweepkit.html_report import write_page  # noqa: E402
-from sweepkit.report import grid_frames, grid_heading  # noqa: E402
+from sweepkit.report import grid_frames  # noqa: E402
 
 
 def write_grid(root: Path, cells: int, steps: int) -> Path:
@@ -80,10 +80,10 @@ def main(argv=None) -> int:
             tables_s = best_of(args.repeats, lambda: grid_frames(grid))
 
             def page():
-                tables, frame = grid_frames(grid)
+                tables, frame, heading = grid_frames(grid)
                 diffs = dict(zip(tables["throughput"]["cell"], tables["throughput"]["diff"]))
                 write_page(grid / "report" / "index.html", grid=grid.name, tables=tables, steps=frame,
-                           diffs=diffs, heading=grid_heading(grid))
+                           diffs=diffs, heading=heading)
 
             page_s = best_of(args.repeats, page)
             rows = cells * steps

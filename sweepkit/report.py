@@ -235,10 +235,11 @@ def run_info(view) -> dict:
     return {}
 
 
-def cell_note(view) -> str | None:
-    """``inert: …`` for a cell whose diff touches only knobs its run reported as having no effect."""
+def cell_note(view, info: dict | None = None) -> str | None:
+    """``inert: …`` for a cell whose diff touches only knobs its run reported as having no
+    effect (``info``: its :func:`run_info`, read here when not given)."""
     diff = set(((view.record or {}).get("diff") or {}))
-    inert = set(run_info(view).get("inert_knobs") or ())
+    inert = set((run_info(view) if info is None else info).get("inert_knobs") or ())
     if diff and diff <= inert:
         return "inert: " + ", ".join(sorted(diff)) + " had no effect in this run"
     return None
@@ -254,12 +255,11 @@ def _noise_note() -> pl.Expr:
     return pl.when(joined != "").then(joined).alias("note")
 
 
-def grid_heading(grid_dir: Path, cells: list[Path] | None = None) -> str:
+def grid_heading(views, infos: list[dict]) -> str:
     """``profile smoke · model tiny-random · device cpu``: what the grid's runs used."""
-    views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
     profiles = sorted({(v.record or {}).get("profile") or "none" for v in views if v.record})
     models = sorted({str(((v.record or {}).get("config") or {}).get("model", "?")) for v in views if v.record})
-    devices = sorted({str(run_info(v).get("device")) for v in views if run_info(v).get("device")})
+    devices = sorted({str(info["device"]) for info in infos if info.get("device")})
     parts = [f"profile {', '.join(profiles)}", f"model {', '.join(models)}"]
     if devices:
         parts.append(f"device {', '.join(devices)}")
@@ -271,12 +271,14 @@ def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl
     return grid_frames(grid_dir, cells)[0]
 
 
-def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
-    """The tables, and the per-step frame they came from (``cell``, ``kind``, ``step`` and
-    the metrics the curves of the HTML page draw), from one scan of every cell."""
+def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[str, pl.DataFrame], pl.DataFrame, str]:
+    """The tables, the per-step frame they came from (``cell``, ``kind``, ``step`` and the
+    metrics the curves of the HTML page draw) and the grid's heading, from one read of
+    every cell."""
     views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
     job_states = failures.job_records(views)  # failure classes of SLURM attempts need their job states
     views.sort(key=grid_order)  # as `sweep list` shows them, not by name
+    infos = [run_info(view) for view in views]
     cell_info = pl.LazyFrame(
         {
             "cell": [view.name for view in views],
@@ -284,7 +286,7 @@ def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[s
             "diff": [_diff_text(view.record) for view in views],
             "failure": [None if view.waiting else failures.failure_text(view, job_states) for view in views],
             "gpu_hours": [gpu_hours(view) for view in views],
-            "note": [cell_note(view) for view in views],
+            "note": [cell_note(view, info) for view, info in zip(views, infos)],
         },
         schema={"cell": pl.String, "status": pl.String, "diff": pl.String, "failure": pl.String,
                 "gpu_hours": pl.Float64, "note": pl.String},
@@ -312,7 +314,7 @@ def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[s
               .with_columns(_noise_note()))
     curves = records.select("cell", "kind", "step", *(name for name in CURVE_METRICS)).sort("cell", "step")
     *both, steps = pl.collect_all([*(joined.select(columns) for columns in TABLES.values()), curves])
-    return dict(zip(TABLES, both)), steps
+    return dict(zip(TABLES, both)), steps, grid_heading(views, infos)
 
 
 def to_markdown(frame: pl.DataFrame) -> str:
@@ -383,8 +385,7 @@ def make_report(session, specs, fmt: str = "table", table: str | None = None) ->
         for directory in cells if cells is not None else st.cell_dirs(grid_dir):
             for line in file_warnings(st.view(directory), session.display_path):
                 session.err_console.print(f"WARNING: {line}", markup=False)
-        tables, steps = grid_frames(grid_dir, cells)
-        heading = grid_heading(grid_dir, cells)
+        tables, steps, heading = grid_frames(grid_dir, cells)
         written = write_tables(grid_dir / REPORT_DIR, tables, fmt)
         diffs = dict(zip(tables["throughput"]["cell"], tables["throughput"]["diff"]))
         written.append(write_page(grid_dir / REPORT_DIR / "index.html", grid=grid_dir.name, tables=tables,
