@@ -39,8 +39,8 @@ import polars as pl
 
 from sweepkit.cell import Cell
 from sweepkit.errors import UsageError, did_you_mean
+from sweepkit.report import BASE_CELL
 
-BASE_CELL = "base"
 DEFAULT_NAME = "combo_suggested"
 LINE_WIDTH = 100  # the cell on one line up to this width, else one line per winner
 # Outcomes whose numbers stand for the cell's config (sweepkit.state.outcome's words).

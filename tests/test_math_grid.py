@@ -74,13 +74,13 @@ def test_sweep_list_shows_the_six_cells(sweeper):
     assert f"{GRID}::size32b " in result.stdout and PROBE_REASON in result.stdout
 
 
-def leonardo_dry_run(sweeper):
+def leonardo_dry_run(sweeper, grid: str = GRID):
     work = sweeper.path / "work"
     work.mkdir(exist_ok=True)
     env = {"WORK": str(work), "SCRATCH_FAST": str(sweeper.path / "scratch"), "SWEEP_CONTAINER": "",
            "SWEEP_VENV": "", "SWEEP_HF_HOME": "", "SWEEP_CLUSTER": "", "SWEEP_QOS": "normal",
            "PATH": str(Path(sys.executable).parent)}
-    return sweeper.run("run", GRID, "--cluster", "leonardo", "--dry-run", "--runs-dir", str(work / "runs"), env=env)
+    return sweeper.run("run", grid, "--cluster", "leonardo", "--dry-run", "--runs-dir", str(work / "runs"), env=env)
 
 
 def test_on_leonardo_the_32b_probe_is_one_node_and_the_4_node_cell_passes_the_ceiling_rule(sweeper):

@@ -3,10 +3,7 @@ report shows the teacher's share of the step and the KL."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from test_math_grid import project_with_grids
+from test_math_grid import leonardo_dry_run, project_with_grids
 
 GRID = "grids/opd_qwen3.py"
 
@@ -22,13 +19,8 @@ def test_the_grid_is_top_k_by_lr_plus_the_production_cell(sweeper):
 
 
 def test_on_leonardo_every_cell_is_a_two_node_job(sweeper):
-    project = project_with_grids(sweeper)
+    result = leonardo_dry_run(project_with_grids(sweeper), GRID)
     work = sweeper.path / "work"
-    work.mkdir()
-    env = {"WORK": str(work), "SCRATCH_FAST": str(sweeper.path / "scratch"), "SWEEP_CONTAINER": "",
-           "SWEEP_VENV": "", "SWEEP_HF_HOME": "", "SWEEP_CLUSTER": "", "SWEEP_QOS": "normal",
-           "PATH": str(Path(sys.executable).parent)}
-    result = project.run("run", GRID, "--cluster", "leonardo", "--dry-run", "--runs-dir", str(work / "runs"), env=env)
     assert result.ret == 0, result
     # offline compute nodes: the hub-name teacher is flagged like the student
     assert "teacher_model: 'Qwen/Qwen3-32B' is a hub name" in result.output
