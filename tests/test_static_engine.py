@@ -241,11 +241,12 @@ def cuda_policy():
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_graph_replays_equal_eager_steps(cuda_policy, dtype):
+def test_graph_replays_equal_eager_steps(cuda_policy, dtype, compiled):
     model, tokenizer = cuda_policy
     prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7? Think.")
-    args = dict(device="cuda", dtype=dtype, max_rows=64, max_columns=96)
+    args = dict(device="cuda", dtype=dtype, max_rows=64, max_columns=96, compile_step=compiled)
     eager = StaticEngine(model, tokenizer, cuda_graphs=False, **args)
     graphs = StaticEngine(model, tokenizer, cuda_graphs=True, **args)
     greedy = SamplingParams(n=2, max_new_tokens=40, temperature=0.0)
@@ -284,6 +285,9 @@ def test_bf16_greedy_follows_hf_generate_until_a_near_tie(cuda_policy):
                         max_columns=96, cuda_graphs=True).generate(prompts, params)
     theirs = HFEngine(model, tokenizer, device="cuda").generate(prompts, params)
     assert ours.token_lists() == theirs.token_lists()  # fp32 on the GPU: the same argmax
+    compiled = StaticEngine(model, tokenizer, device="cuda", dtype=torch.float32, max_rows=8,
+                            max_columns=96, cuda_graphs=True, compile_step=True).generate(prompts, params)
+    assert compiled.token_lists() == theirs.token_lists()
 
 
 @pytest.mark.gpu

@@ -188,6 +188,9 @@ class TrainerConfig:
         "is in use when it starts"))
     enforce_eager: bool = attrs.field(default=True, metadata=_doc(
         "False lets the engine capture its decode steps in CUDA graphs"))
+    compile_decode: bool = attrs.field(default=True, metadata=_doc(
+        "torch.compile the static engine's decode step inside its CUDA graphs (fuses its small "
+        "kernels; costs seconds of compilation per batch-size bucket on a run's first steps)"))
     colocate_all: bool = attrs.field(default=True, metadata=_doc(
         "policy and rollout engines share the GPUs (engines sleep during training)"))
     num_inference_engines: int = attrs.field(default=1, validator=_positive, metadata=_doc(

@@ -19,12 +19,13 @@ import torch
 NOISE_FLOOR = 1e-10  # Exp(1) draws of exactly 0 would make -log(E) infinite and beat a masked token
 
 
-def sample_tokens(logits, *, temperature, top_k: int = -1, top_p=None, greedy: bool = False):
+def sample_tokens(logits, *, temperature, top_k: int = -1, top_p=None, greedy: bool = False, noise=None):
     """(b, V) logits -> (tokens (b,) long, logprobs (b,) float32).
 
     ``temperature`` and ``top_p`` may be Python floats or 0-d/1-element tensors
     (a captured graph reads them from device memory). ``top_k`` <= 0 and
-    ``top_p=None`` turn those filters off.
+    ``top_p=None`` turn those filters off. ``noise``: the Exp(1) draws, (b, V) or
+    (b, top_k) when top-k is on, to use instead of drawing them here.
     """
     scores = logits.float()
     if greedy:
@@ -43,8 +44,9 @@ def sample_tokens(logits, *, temperature, top_k: int = -1, top_p=None, greedy: b
         # The nucleus: the likeliest tokens until their mass reaches top_p (the first always stays).
         scores = scores.masked_fill(mass_before >= top_p, float("-inf"))
     logprobs = torch.log_softmax(scores, dim=-1)
-    noise = torch.empty_like(logprobs).exponential_().clamp_min_(NOISE_FLOOR)
-    choice = (logprobs - noise.log()).argmax(dim=-1)  # (b,)
+    if noise is None:
+        noise = torch.empty_like(logprobs).exponential_()
+    choice = (logprobs - noise.clamp_min(NOISE_FLOOR).log()).argmax(dim=-1)  # (b,)
     picked = logprobs.gather(-1, choice[:, None]).squeeze(-1)
     tokens = index.gather(-1, choice[:, None]).squeeze(-1) if index is not None else choice
     return tokens, picked

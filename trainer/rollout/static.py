@@ -30,7 +30,10 @@ engine takes those two ideas and nothing else:
   its prompt's K/V, copied into its ``n`` rows), eagerly.
 * **Decode**: with ``enforce_eager=False`` on CUDA, the whole step (every layer,
   the final norm, lm_head and sampling) is captured once per batch-size bucket
-  (powers of two) and replayed; otherwise it runs eagerly (always on CPU, which
+  (powers of two) and replayed, its layer step and sampler ``torch.compile``'d first
+  (``compile_decode``, on by default: it fuses the norms, RoPE, cache writes and the
+  sampler's passes over the vocabulary, which a graph alone still runs as ~20 small
+  kernels a layer); otherwise it runs eagerly (always on CPU, which
   is how CI tests the same code). Attention is SDPA with the grouped queries of
   a KV head as its query rows (``(b, kv_heads, q_per_kv, d)`` against the
   cache's ``(b, kv_heads, columns, d)``), so GQA needs no repeated K/V.
@@ -142,7 +145,9 @@ class StaticEngine(RolloutEngine):
         self.all_columns = torch.arange(self.columns, device=self.device)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
-        self._layer_step = torch.compile(_decode_layer, dynamic=False) if compile_step else _decode_layer
+        self.compiled = compile_step and self.device.type == "cuda"
+        self._layer_step = torch.compile(_decode_layer, dynamic=False) if self.compiled else _decode_layer
+        self._sample_step = torch.compile(_sample_last, dynamic=False) if self.compiled else _sample_last
 
     # -- construction -------------------------------------------------------------------------
 
@@ -152,7 +157,8 @@ class StaticEngine(RolloutEngine):
             else torch.float32
         return cls(model, tokenizer, device=device, dtype=dtype, max_rows=max_rows,
                    max_columns=cfg.max_prompt_length + cfg.max_generate_length,
-                   memory_fraction=cfg.gpu_memory_utilization, cuda_graphs=not cfg.enforce_eager)
+                   memory_fraction=cfg.gpu_memory_utilization, cuda_graphs=not cfg.enforce_eager,
+                   compile_step=cfg.compile_decode and not cfg.enforce_eager)
 
     @classmethod
     def inert_knobs(cls, cfg) -> dict[str, str]:
@@ -160,6 +166,9 @@ class StaticEngine(RolloutEngine):
                                 "the static engine is one in-process engine, colocated with the policy")
         if cfg.device == "cpu":
             reasons["enforce_eager"] = "CUDA graphs need a CUDA device; on the CPU every step runs eagerly"
+            reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs"
+        elif cfg.enforce_eager:
+            reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs (enforce_eager=False)"
             reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
         return reasons
 
@@ -391,14 +400,18 @@ class StaticEngine(RolloutEngine):
         cos = self.cos[self.positions[:b]][:, None]  # (b, 1, d)
         sin = self.sin[self.positions[:b]][:, None]
         valid = (self.all_columns[None, :] >= self.first_column[:b, None]) & (self.all_columns[None, :] <= self.column)
-        mask = valid[:, None, None, :]  # (b, 1, 1, columns)
+        # An additive mask, built once a step: SDPA would turn a boolean one into this in every layer.
+        mask = torch.zeros(valid.shape, dtype=self.dtype, device=self.device).masked_fill_(~valid, float("-inf"))
+        mask = mask[:, None, None, :]  # (b, 1, 1, columns)
         h = self.embed[self.tokens[:b]]  # (b, H)
         for index, layer in enumerate(self.layers):
             h = self._layer_step(self, h, layer, self.cache[index, 0, :b], self.cache[index, 1, :b],
                                  cos, sin, mask)
-        last = F.rms_norm(h, (self.hidden,), self.final_norm, self.eps)
-        token, logprob = sample_tokens(last @ self.lm_head.T, temperature=self.temperature, top_k=top_k,
-                                       top_p=self.top_p if top_p_on else None, greedy=greedy)
+        # The noise is drawn outside the (maybe compiled) sampler: native RNG kernels advance
+        # their offset on each graph replay.
+        noise = None if greedy else torch.empty((b, top_k if 0 < top_k < self.vocab else self.vocab), device=self.device
+                                                 ).exponential_()
+        token, logprob = self._sample_step(self, h, noise, mode)
         done = self.done[:b]
         token = torch.where(done, self.pad_id, token)
         self.out_tokens[:b].index_copy_(1, self.out_index, token[:, None])
@@ -426,6 +439,14 @@ def _decode_layer(engine: StaticEngine, h, layer: Layer, cache_k, cache_v, cos, 
     h = torch.addmm(h, attended.reshape(b, -1), layer.out.T)  # the residual add inside the matmul
     gate, up = F.linear(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer.gate_up).chunk(2, -1)
     return torch.addmm(h, F.silu(gate) * up, layer.down.T)
+
+
+def _sample_last(engine: StaticEngine, h, noise, mode: tuple):
+    """The final norm, lm_head and sampling of one decode step: h (b, H) -> (tokens, logprobs)."""
+    top_k, top_p_on, greedy = mode
+    last = F.rms_norm(h, (engine.hidden,), engine.final_norm, engine.eps)
+    return sample_tokens(last @ engine.lm_head.T, temperature=engine.temperature, top_k=top_k,
+                         top_p=engine.top_p if top_p_on else None, greedy=greedy, noise=noise)
 
 
 def _mlp(x, layer: Layer):

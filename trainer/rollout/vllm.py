@@ -43,8 +43,10 @@ class VLLMEngine(RolloutEngine):
 
     @classmethod
     def inert_knobs(cls, cfg) -> dict[str, str]:
-        return dict.fromkeys(("num_inference_engines", "colocate_all"),
-                             "this trainer runs one vLLM engine, colocated with the policy")
+        reasons = dict.fromkeys(("num_inference_engines", "colocate_all"),
+                                "this trainer runs one vLLM engine, colocated with the policy")
+        reasons["compile_decode"] = "vLLM compiles its own model (enforce_eager turns that off)"
+        return reasons
 
     @classmethod
     def from_config(cls, cfg, *, model, tokenizer, device, max_rows) -> "VLLMEngine":
