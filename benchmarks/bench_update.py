@@ -11,9 +11,12 @@ back-propagated into every parameter:
 * ``left-aligned``: :func:`trainer.forward.response_logprobs` as the trainer runs
   it: each row shifted to column 0, padding trailing, plain causal attention, no
   mask, the row width cut at the longest sampled token;
-* ``left-aligned-compiled`` (ask for it with ``--layouts``): the same with the
-  transformer body under ``torch.compile`` (its compile time is in the warm-up, not
-  in the table).
+* ``left-aligned-fused`` (ask for these with ``--layouts``): the same with the lm_head's
+  log-prob chunks computed by compiled expressions (``linear_logprobs(fused=True)``);
+* ``left-aligned-compiled``: what the trainer runs on CUDA with ``compile_train``
+  (:func:`trainer.forward.compile_for_training`): the body under ``torch.compile`` with
+  dynamic shapes, and the fused head; ``left-aligned-compiled-static`` compiles per
+  shape instead. Compile time is in the warm-up, not in the table.
 
 ``--ragged`` draws each row's prompt and response lengths uniformly (a quarter to
 all of ``--prompt-length`` / ``--response-length``), as a real batch whose
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.batch import Batch  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.forward import autocast_dtype, model_inputs, response_logprobs  # noqa: E402
+from trainer.forward import autocast_dtype, compile_for_training, model_inputs, response_logprobs  # noqa: E402
 from trainer.logprobs import linear_logprobs  # noqa: E402
 from trainer.models import load_model_and_tokenizer  # noqa: E402
 from trainer.precision import Precision  # noqa: E402
@@ -80,23 +83,19 @@ def padded_mask_logprobs(model, batch: Batch, temperature: float, *, with_entrop
     return logprobs, entropy
 
 
-class _CompiledBody:
-    """The policy as response_logprobs sees it, with its transformer body torch.compile'd."""
-
-    def __init__(self, model):
-        self.model = torch.compile(model.model)
-        self.get_output_embeddings = model.get_output_embeddings
+def fused_head(model):
+    model.fused_logprobs = True
 
 
-def compiled_logprobs(model, batch: Batch, temperature: float, *, with_entropy: bool = False):
-    """``left-aligned`` with the body compiled (once per model; a new row width recompiles)."""
-    if not hasattr(model, "_bench_compiled"):
-        model._bench_compiled = _CompiledBody(model)
-    return response_logprobs(model._bench_compiled, batch, temperature, with_entropy=with_entropy)
+def compiled_static(model):
+    compile_for_training(model, dynamic=False)
 
 
-LAYOUTS = {"padded-mask": padded_mask_logprobs, "left-aligned": response_logprobs,
-           "left-aligned-compiled": compiled_logprobs}
+#: layout -> (forward, how its own copy of the policy is set up, or None: the plain policy)
+LAYOUTS = {"padded-mask": (padded_mask_logprobs, None), "left-aligned": (response_logprobs, None),
+           "left-aligned-fused": (response_logprobs, fused_head),
+           "left-aligned-compiled": (response_logprobs, compile_for_training),
+           "left-aligned-compiled-static": (response_logprobs, compiled_static)}
 
 
 def make_batch(rows: int, args, vocab: int, device, generator) -> Batch:
@@ -117,7 +116,7 @@ def make_batch(rows: int, args, vocab: int, device, generator) -> Batch:
 
 
 def measure(model, precision, layout, batch, advantages, args, device) -> dict:
-    forward = LAYOUTS[layout]
+    forward, _ = LAYOUTS[layout]
     times = []
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -146,15 +145,24 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     cfg = TrainerConfig(model=args.model, device=device.type, dataset="gsm8k")  # a model's full vocabulary
-    model, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype="float32")
-    model.train()
+    layouts = args.layouts.split(",")
+    models = {}  # layout -> its policy: the same weights, set up as the layout needs
+    for layout in layouts:
+        prepare = LAYOUTS[layout][1]
+        if prepare is None and None in models:
+            models[layout] = models[None]
+            continue
+        model, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype="float32")
+        model.train()
+        if prepare is not None:
+            prepare(model)
+        models[layout] = models.setdefault(None if prepare is None else layout, model)
     precision = Precision.for_run(cfg, device)
     parameters = sum(p.numel() for p in model.parameters())
     generator = torch.Generator().manual_seed(args.seed)
-    layouts = args.layouts.split(",")
     print(f"model {args.model} ({parameters / 1e6:.0f}M parameters), device {device}, compute {precision.compute}, "
           f"prompt {args.prompt_length} + response {args.response_length}{' ragged' if args.ragged else ''}")
-    print(f"{'micro':>5} {'layout':<21} {'tokens':>7} {'ms':>9} {'tok/s':>9} {'TFLOP/s':>8} {'peak GB':>8} "
+    print(f"{'micro':>5} {'layout':<28} {'tokens':>7} {'ms':>9} {'tok/s':>9} {'TFLOP/s':>8} {'peak GB':>8} "
           f"{'vs ' + layouts[0]:>14}")
     for micro in [int(m) for m in args.micro.split(",")]:
         batch = make_batch(micro, args, len(tokenizer), device, generator)
@@ -162,15 +170,15 @@ def main(argv=None) -> int:
         tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         first = None
         for layout in layouts:
-            result = measure(model, precision, layout, batch, advantages, args, device)
+            result = measure(models[layout], precision, layout, batch, advantages, args, device)
             first = first or result["seconds"]
             flops = 6 * parameters * tokens / result["seconds"] / 1e12
-            print(f"{micro:>5} {layout:<21} {tokens:>7} {result['seconds'] * 1e3:>9.1f} "
+            print(f"{micro:>5} {layout:<28} {tokens:>7} {result['seconds'] * 1e3:>9.1f} "
                   f"{tokens / result['seconds']:>9.0f} {flops:>8.1f} {result['peak_gb']:>8.1f} "
                   f"{first / result['seconds']:>13.2f}x")
     if args.profile:
         for layout in layouts:
-            profile(model, precision, layout, batch, advantages, args, device)
+            profile(models[layout], precision, layout, batch, advantages, args, device)
     return 0
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainer import logprobs as logprobs_module
 from trainer.logprobs import linear_logprobs
 
 
@@ -100,6 +101,45 @@ def test_gradcheck(use):
         logprobs, entropy = linear_logprobs(
             hidden, weight, targets, temperature=0.7, with_entropy=with_entropy, chunk_tokens=3, bias=bias
         )
+        return combine(logprobs, entropy)
+
+    assert torch.autograd.gradcheck(outputs, leaves)
+
+
+@pytest.fixture
+def eager_fused(monkeypatch):
+    """fused=True with its chunk expressions run eagerly: the same code torch.compile gets on CUDA."""
+    monkeypatch.setitem(logprobs_module._compiled, "stats", logprobs_module._fused_stats)
+    monkeypatch.setitem(logprobs_module._compiled, "dlogits", logprobs_module._fused_dlogits)
+
+
+@pytest.mark.parametrize("use", USES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_chunks_equal_the_in_place_passes(eager_fused, use, with_bias):
+    with_entropy, combine = USES[use]
+    hidden, weight, bias, targets = _inputs(8, 23, 8, 31, scale=3.0)
+    bias = bias if with_bias else None
+    results = []
+    for fused in (False, True):
+        leaves = [x.clone().requires_grad_() for x in (hidden, weight) + ((bias,) if with_bias else ())]
+        logprobs, entropy = linear_logprobs(leaves[0], leaves[1], targets, temperature=0.7, with_entropy=with_entropy,
+                                            chunk_tokens=7, bias=leaves[2] if with_bias else None, fused=fused)
+        combine(logprobs, entropy).sum().backward()
+        results.append([logprobs, entropy] + [leaf.grad for leaf in leaves])
+    for plain, fused in zip(*results):
+        if plain is not None:
+            torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("use", USES)
+def test_fused_gradcheck(eager_fused, use):
+    with_entropy, combine = USES[use]
+    hidden, weight, bias, targets = _inputs(9, 7, 4, 9, scale=3.0)
+    leaves = [x.requires_grad_() for x in (hidden, weight, bias)]
+
+    def outputs(hidden, weight, bias):
+        logprobs, entropy = linear_logprobs(hidden, weight, targets, temperature=0.7, with_entropy=with_entropy,
+                                            chunk_tokens=3, bias=bias, fused=True)
         return combine(logprobs, entropy)
 
     assert torch.autograd.gradcheck(outputs, leaves)
@@ -270,6 +310,25 @@ def test_no_full_vocabulary_tensor_for_all_rows(with_entropy):
     fused = step(lambda h, w, t, bias: linear_logprobs(
         h, w, t, with_entropy=with_entropy, chunk_tokens=chunk_tokens, bias=bias))
     assert fused == chunk_tokens * vocab
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_compiled_fused_chunks_match_the_in_place_passes():
+    rows, hidden_size, vocab = 1000, 64, 5000  # chunks of 256: three full and one of 232
+    g = torch.Generator(device="cuda").manual_seed(13)
+    hidden = torch.randn(rows, hidden_size, device="cuda", generator=g).bfloat16()
+    weight = (torch.randn(vocab, hidden_size, device="cuda", generator=g) / 4).bfloat16()
+    targets = torch.randint(0, vocab, (rows,), device="cuda", generator=g)
+    grad_lp, grad_ent = torch.randn(rows, device="cuda", generator=g), torch.randn(rows, device="cuda", generator=g)
+    results = []
+    for fused in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        lp, ent = linear_logprobs(h, w, targets, temperature=0.8, with_entropy=True, chunk_tokens=256, fused=fused)
+        torch.autograd.backward([lp, ent], [grad_lp, grad_ent])
+        results.append((lp, ent, h.grad.float(), w.grad.float()))
+    for plain, fused in zip(*results):
+        assert (fused - plain).norm() <= 2**-7 * plain.norm()
 
 
 @pytest.mark.gpu

@@ -43,8 +43,27 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     keep = batch.response_mask.bool()  # (b, R)
     predicting = response_hidden(body, batch)  # (N, H)
     logprobs, entropy = linear_logprobs(predicting, head.weight, batch.response_ids[keep], temperature=temperature,
-                                        with_entropy=with_entropy, matmul_dtype=autocast_dtype(predicting))  # (N,)
+                                        with_entropy=with_entropy, matmul_dtype=autocast_dtype(predicting),
+                                        fused=getattr(model, "fused_logprobs", False))  # (N,)
     return _scatter(logprobs, keep), _scatter(entropy, keep) if with_entropy else None
+
+
+def compile_for_training(model, *, dynamic: bool = True) -> bool:
+    """``torch.compile`` the policy's transformer body in place, and have its head's
+    log-prob chunks computed by compiled expressions (``linear_logprobs(fused=True)``).
+
+    Compilation fuses the body's norms, RoPE, activations and residual adds, which
+    eagerly are memory-bound passes of their own. ``dynamic`` compiles once for every
+    row count and width (each micro-batch has its own); ``dynamic=False`` recompiles
+    per shape. False (nothing compiled) for a model without a separate body and head.
+    """
+    parts = split_head(model)
+    if parts is None:
+        return False
+    body, _ = parts
+    body.compile(dynamic=dynamic)
+    model.fused_logprobs = True
+    return True
 
 
 def split_head(model):
