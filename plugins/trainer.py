@@ -24,7 +24,8 @@ dependencies but no hub access (a benchmark machine, a cluster's GPU node):
 
 * a hub model becomes a random-init model of the Qwen2.5-0.5B shape (a whole grid
   then runs in minutes on one GPU, and its relative numbers are what it is for);
-  a local model path is kept;
+  a local model path is kept; an OPD cell's hub teacher becomes the larger
+  :data:`GPU_TEACHER_SHAPE` (random too, so its scoring costs what a bigger teacher's does);
 * ``device="cuda"``, the static in-process engine (``backend="static"``; vLLM cells
   become static cells, their ``enforce_eager`` kept, so the CUDA-graph cell stays a
   lever), ``num_gpus=1`` and ``gpus=1``;
@@ -67,6 +68,7 @@ GPU_BATCH_DIVISOR = 4
 GPU_STEPS = 4
 GPU_EVAL_LIMIT = 32
 GPU_DEFAULT_SHAPE = "random:qwen2.5-0.5b"
+GPU_TEACHER_SHAPE = "random:qwen2.5-1.5b"  # same tokenizer as the student's shape
 
 
 @hookimpl
@@ -102,11 +104,11 @@ def _scaled_batches(config: dict, defaults: dict, divisor: int = BATCH_DIVISOR) 
     return {"train_batch_size": small_mini * ratio, "policy_mini_batch_size": small_mini}
 
 
-def gpu_model(model: str) -> str:
-    """A local path or a model built locally is kept; a hub name becomes the 0.5B random shape."""
+def gpu_model(model: str, hub_shape: str = GPU_DEFAULT_SHAPE) -> str:
+    """A local path or a model built locally is kept; a hub name becomes ``hub_shape``, random."""
     if model.startswith(RANDOM_PREFIX) or model == TINY_MODEL or Path(model).exists():
         return model
-    return GPU_DEFAULT_SHAPE
+    return hub_shape
 
 
 def gpu(config: dict, target_name: str) -> dict:
@@ -127,8 +129,8 @@ def gpu(config: dict, target_name: str) -> dict:
         "export_final": False,
         **_scaled_batches(config, fields, GPU_BATCH_DIVISOR),
     }
-    if config.get("teacher_model"):  # OPD: a random teacher of the same 0.5B shape (its own seed)
-        changes["teacher_model"] = gpu_model(config["teacher_model"])
+    if config.get("teacher_model"):  # OPD: a larger random teacher
+        changes["teacher_model"] = gpu_model(config["teacher_model"], GPU_TEACHER_SHAPE)
     return {k: v for k, v in changes.items() if config.get(k, fields.get(k, {}).get("default")) != v}
 
 
