@@ -12,11 +12,11 @@ back-propagated into every parameter:
   it: each row shifted to column 0, padding trailing, plain causal attention, no
   mask, the row width cut at the longest sampled token;
 * ``left-aligned-fused`` (ask for these with ``--layouts``): the same with the lm_head's
-  log-prob chunks computed by compiled expressions (``linear_logprobs(fused=True)``);
-* ``left-aligned-compiled``: what the trainer runs on CUDA with ``compile_train``
-  (:func:`trainer.forward.compile_for_training`): the body under ``torch.compile`` with
-  dynamic shapes, and the fused head; ``left-aligned-compiled-static`` compiles per
-  shape instead. Compile time is in the warm-up, not in the table.
+  log-prob chunks computed by compiled expressions (``linear_logprobs(fused=True)``),
+  what the trainer runs on CUDA (``fused_logprobs``);
+* ``left-aligned-compiled``: that, and the body under ``torch.compile``
+  (:func:`trainer.forward.compile_body`, once per shape); ``-dynamic`` compiles it with
+  dynamic shapes. Compile time is in the warm-up, not in the table.
 
 ``--ragged`` draws each row's prompt and response lengths uniformly (a quarter to
 all of ``--prompt-length`` / ``--response-length``), as a real batch whose
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.batch import Batch  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.forward import autocast_dtype, compile_for_training, model_inputs, response_logprobs  # noqa: E402
+from trainer.forward import autocast_dtype, compile_body, model_inputs, response_logprobs  # noqa: E402
 from trainer.logprobs import linear_logprobs  # noqa: E402
 from trainer.models import load_model_and_tokenizer  # noqa: E402
 from trainer.precision import Precision  # noqa: E402
@@ -87,15 +87,20 @@ def fused_head(model):
     model.fused_logprobs = True
 
 
-def compiled_static(model):
-    compile_for_training(model, dynamic=False)
+def compiled(model, *, dynamic: bool = False):
+    compile_body(model, dynamic=dynamic)
+    fused_head(model)
+
+
+def compiled_dynamic(model):
+    compiled(model, dynamic=True)
 
 
 #: layout -> (forward, how its own copy of the policy is set up, or None: the plain policy)
 LAYOUTS = {"padded-mask": (padded_mask_logprobs, None), "left-aligned": (response_logprobs, None),
            "left-aligned-fused": (response_logprobs, fused_head),
-           "left-aligned-compiled": (response_logprobs, compile_for_training),
-           "left-aligned-compiled-static": (response_logprobs, compiled_static)}
+           "left-aligned-compiled": (response_logprobs, compiled),
+           "left-aligned-compiled-dynamic": (response_logprobs, compiled_dynamic)}
 
 
 def make_batch(rows: int, args, vocab: int, device, generator) -> Batch:

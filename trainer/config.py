@@ -203,9 +203,9 @@ class TrainerConfig:
         "GPUs the policy trains on (0 means CPU)"))
     gradient_checkpointing: bool = attrs.field(default=False, metadata=_doc(
         "recompute activations in backward to save memory"))
-    compile_train: bool = attrs.field(default=True, metadata=_doc(
-        "on CUDA, torch.compile the policy's transformer body and fuse its lm_head log-prob passes "
-        "(costs a compilation on the first steps)"))
+    fused_logprobs: bool = attrs.field(default=True, metadata=_doc(
+        "on CUDA, compute the lm_head's log-prob and entropy chunks with torch.compile'd fused "
+        "expressions (a few seconds of compilation on the first step)"))
 
     # -- schedule, checkpoints, logging ------------------------------------------------
     eval_interval: int = attrs.field(default=0, validator=_non_negative, metadata=_doc(

@@ -48,21 +48,17 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
     return _scatter(logprobs, keep), _scatter(entropy, keep) if with_entropy else None
 
 
-def compile_for_training(model, *, dynamic: bool = True) -> bool:
-    """``torch.compile`` the policy's transformer body in place, and have its head's
-    log-prob chunks computed by compiled expressions (``linear_logprobs(fused=True)``).
-
-    Compilation fuses the body's norms, RoPE, activations and residual adds, which
-    eagerly are memory-bound passes of their own. ``dynamic`` compiles once for every
-    row count and width (each micro-batch has its own); ``dynamic=False`` recompiles
-    per shape. False (nothing compiled) for a model without a separate body and head.
+def compile_body(model, *, dynamic: bool = False) -> bool:
+    """``torch.compile`` the policy's transformer body in place (False: the model has no
+    separate body). A benchmark lever, not what the trainer runs: it fuses the body's
+    norms, RoPE, activations and residual adds (1.27x on the 0.5B update on an H200,
+    ``benchmarks/bench_update.py``), but each new micro-batch shape recompiles, and with
+    ``dynamic=True`` the compilation outlasted the 150 s its benchmark was given.
     """
     parts = split_head(model)
     if parts is None:
         return False
-    body, _ = parts
-    body.compile(dynamic=dynamic)
-    model.fused_logprobs = True
+    parts[0].compile(dynamic=dynamic)
     return True
 
 

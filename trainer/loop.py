@@ -78,7 +78,7 @@ from trainer.batch import Batch
 from trainer.config import ConfigError, TrainerConfig
 from trainer.data import PromptSampler
 from trainer.distill import Teacher
-from trainer.forward import PolicyScorer, compile_for_training
+from trainer.forward import PolicyScorer
 from trainer.losses import pass_at_k
 from trainer.metrics import MetricsLogger, ProgressBar, peak_memory_gb
 from trainer.models import load_model_and_tokenizer
@@ -110,8 +110,8 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
     model, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype=MASTER_DTYPE)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    if cfg.compile_train and device.type == "cuda":
-        compile_for_training(model)
+    if cfg.fused_logprobs and device.type == "cuda":
+        model.fused_logprobs = True  # read by trainer.forward.response_logprobs
     backend = resolve_backend(cfg, model)
     inert = inert_knobs(cfg, device, backend=backend)
     if inert:
@@ -357,7 +357,7 @@ def inert_knobs(cfg, device: torch.device, *, backend: str | None = None) -> dic
     elif cfg.num_gpus != 1 and device.type != "cpu":
         reasons["num_gpus"] = "the policy trains on one device"
     if device.type != "cuda":
-        reasons["compile_train"] = "the training forward is compiled only on CUDA"
+        reasons["fused_logprobs"] = "the fused log-prob expressions are compiled only on CUDA"
     if not cfg.use_kl_loss:
         reasons |= dict.fromkeys(("kl_loss_coef", "kl_estimator_type"), "use_kl_loss is false")
     if not cfg.use_entropy_loss:

@@ -167,9 +167,9 @@ class StaticEngine(RolloutEngine):
         if cfg.device == "cpu":
             reasons["enforce_eager"] = "CUDA graphs need a CUDA device; on the CPU every step runs eagerly"
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs"
+            reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
         elif cfg.enforce_eager:
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs (enforce_eager=False)"
-            reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
         return reasons
 
     @classmethod
