@@ -1,8 +1,9 @@
 """Time of `sweep report`'s tables (and its HTML page) against cells x steps of metrics on disk.
 
 Writes a grid dir of N cells, each with a cell.json, a state.json and a metrics.jsonl
-of S train steps (an eval every 10), then times ``sweepkit.report.grid_frames`` (the
-one lazy scan behind both tables and the curves) and the HTML page, best of
+of S train steps (an eval every 10), then times ``sweepkit.report.grid_frames`` and
+``collect_report`` (the one lazy scan behind both tables and the curves, collected in one
+pass) and the HTML page, best of
 ``--repeats``. Prints seconds and microseconds per (cell x step) row, so linear cost
 shows as a flat last column::
 
@@ -23,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweepkit.html_report import write_page  # noqa: E402
-from sweepkit.report import grid_frames  # noqa: E402
+from sweepkit.report import BUILTIN_TABLES, REPORT_DIR, collect_report, grid_frames  # noqa: E402
 
 
 def write_grid(root: Path, cells: int, steps: int) -> Path:
@@ -77,13 +78,16 @@ def main(argv=None) -> int:
         for size in args.sizes.split(","):
             cells, steps = (int(part) for part in size.split("x"))
             grid = write_grid(Path(root), cells, steps)
-            tables_s = best_of(args.repeats, lambda: grid_frames(grid))
+
+            def tables():
+                return collect_report(grid_frames(grid), BUILTIN_TABLES, report_dir=grid / REPORT_DIR)
+
+            tables_s = best_of(args.repeats, tables)
 
             def page():
-                tables, frame, heading = grid_frames(grid)
-                diffs = dict(zip(tables["throughput"]["cell"], tables["throughput"]["diff"]))
-                write_page(grid / "report" / "index.html", grid=grid.name, tables=tables, steps=frame,
-                           diffs=diffs, heading=heading)
+                report = tables()
+                write_page(report.report_dir / "index.html", grid=report.grid, tables=report.tables,
+                           steps=report.steps, diffs=report.diffs, heading=report.heading)
 
             page_s = best_of(args.repeats, page)
             rows = cells * steps

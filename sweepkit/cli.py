@@ -18,7 +18,6 @@ from sweepkit.collect import DEFAULT_GRID_DIR, split_arg
 from sweepkit.errors import UsageError
 from sweepkit.session import ExitCode, Session, make_console
 
-REPORT_FORMATS = ("table", "csv", "md", "json", "parquet")
 COMMANDS = ("list", "run", "status", "report", "suggest", "compare", "cancel", "plugins")
 
 
@@ -126,12 +125,14 @@ def build_parser(registry=None, parser_class=_Parser):
     report = command("report", "throughput and accuracy tables from the runs on disk")
     report.add_argument("paths", nargs="*", metavar="PATH[::CELL]",
                         help="grid files or directories; the tables of a PATH::CELL are its whole grid's")
-    report.add_argument("--format", choices=REPORT_FORMATS, default="table",
-                        help="what is printed (default: table); the parquet, csv and md files are "
-                             "written under runs/<grid>/report/ whatever the format; csv and json "
-                             "print data only (what was written goes to stderr)")
-    report.add_argument("--table", choices=("throughput", "accuracy"),
-                        help="print only this table (csv needs one: a CSV file holds one table)")
+    report.add_argument("--format", default="table", metavar="FORMAT",
+                        help="what is printed (default: table; an unknown one lists the registered "
+                             "formats); every format's files (json's only when asked for) are written "
+                             "under runs/<grid>/report/ whatever the format; csv and json print data "
+                             "only (what was written goes to stderr)")
+    report.add_argument("--table", metavar="TABLE",
+                        help="print only this table (an unknown one lists the registered tables; csv "
+                             "needs one: a CSV file holds one table)")
     suggest = command("suggest", "the winner of each one-factor axis, and a combo cell joining them, as grid code")
     suggest.add_argument("paths", nargs="*", metavar="PATH", help="the grid file (one)")
     suggest.add_argument("--by", default="sec_per_step", metavar="COLUMN",
@@ -145,8 +146,9 @@ def build_parser(registry=None, parser_class=_Parser):
         suggest.set_defaults(**{name: None})
     suggest.set_defaults(failed=False, verbose=0)
     compare = command("compare", "two runs of a grid, cell by cell: the change of each column, beyond the noise")
-    compare.add_argument("a", metavar="A", help="runs/<grid> dir (or a grid of this runs dir)")
-    compare.add_argument("b", metavar="B", help="the other runs/<grid> dir")
+    compare.add_argument("a", metavar="A", help="runs/<grid> dir, a grid of this runs dir, or REV:PATH "
+                                                "(the report tables committed at git revision REV under PATH)")
+    compare.add_argument("b", metavar="B", help="the other side, in the same forms")
     compare.add_argument("--columns", metavar="C1,C2", help="columns to compare (default: every numeric one)")
     cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them, "
                                "and stop the local sweep run on this machine that runs any of them")

@@ -195,11 +195,9 @@ def _plugins_table(rows: list[tuple[str, str, str]]) -> Table:
 
 def _report_table(grid_dir) -> "object":
     """Both report tables of a grid dir as one frame, a row a cell."""
-    from sweepkit.report import grid_tables
+    from sweepkit.report import grid_tables, wide_table
 
-    tables = grid_tables(grid_dir)
-    shared = ("status", "steps", "diff", "failure")
-    return tables["throughput"].join(tables["accuracy"].drop(shared), on="cell", how="left", maintain_order="left")
+    return wide_table(grid_tables(grid_dir))
 
 
 def cmd_suggest(session: Session) -> int:
@@ -222,24 +220,38 @@ def cmd_suggest(session: Session) -> int:
     return ExitCode.OK
 
 
-def cmd_compare(session: Session) -> int:
-    """Two runs of a grid, cell by cell: each column's change and which exceed the noise."""
+def _compare_side(session: Session, spec: str):
+    """One side of ``sweep compare``: a ``runs/<grid>`` dir, a grid of this runs dir, or
+    ``REV:PATH``, the report tables committed at git revision REV under PATH."""
     from pathlib import Path
 
-    from sweepkit.compare import compare, format_compare
+    from sweepkit.compare import committed_table
+    from sweepkit.report import wide_table
+
+    revision, colon, path = spec.partition(":")
+    if colon and revision and path and not Path(spec).exists():
+        return wide_table(committed_table(session.rootdir, revision, path))
+    directory = Path(spec)
+    if not directory.is_dir():
+        directory = session.runs_dir / Path(spec).stem
+    if directory.is_dir() and any(directory.glob("*/cell.json")):
+        return _report_table(directory)
+    raise UsageError(f"sweep compare: {spec}: not a grid's runs (a directory of cell dirs, such as "
+                     f"runs/<grid>, a grid of this runs dir, or REV:PATH for the report tables "
+                     f"committed at git revision REV)")
+
+
+def cmd_compare(session: Session) -> int:
+    """Two runs of a grid, cell by cell: each column's change and which exceed the noise, the
+    noise measured from the cells that differ only in ``seed`` where there are some."""
+    from sweepkit.compare import compare, compared_columns, format_compare, noise_from_seeds
 
     options = session.options
-    sides = []
-    for spec in (options.a, options.b):
-        directory = Path(spec)
-        if not directory.is_dir():
-            directory = session.runs_dir / Path(spec).stem
-        if not directory.is_dir() or not any(directory.glob("*/cell.json")):
-            raise UsageError(f"sweep compare: {spec}: not a grid's runs (a directory of cell dirs, such as "
-                             f"runs/<grid>, or a grid of this runs dir)")
-        sides.append(_report_table(directory))
-    columns = options.columns.split(",") if options.columns else None
-    session.console.print(format_compare(compare(*sides, columns=columns)), markup=False, soft_wrap=True)
+    a, b = (_compare_side(session, spec) for spec in (options.a, options.b))
+    columns = compared_columns(a, b, options.columns.split(",") if options.columns else None)
+    repeats = noise_from_seeds({"a": a, "b": b}, columns=columns)
+    frame = compare(a, b, columns=columns, noise=repeats.noise)
+    session.console.print(format_compare(frame, repeats.describe()), markup=False, soft_wrap=True)
     return ExitCode.OK
 
 

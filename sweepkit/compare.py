@@ -1,5 +1,8 @@
 """``sweep compare``: two report tables of the same grid, cell by cell.
 
+The tables come from two runs dirs of a grid, or from git: :func:`committed_table` reads
+the report tables committed at a revision (``sweep compare v1:results/g HEAD:results/g``).
+
 For each numeric column ``c`` compared, the result has ``c_a``, ``c_b``, ``c_delta``
 (b - a), ``c_delta_pct`` (``c_delta / |a|`` in percent; null where a is 0), ``c_noise`` (the
 |Δ| that still counts as noise for that row) and ``c_differs``:
@@ -13,8 +16,12 @@ side null. Rows follow ``a``'s order, then the cells only ``b`` has. ``status_a`
 ``status_b`` come along where the tables have a status.
 
 Noise. ``noise={"sec_per_step": 0.12}`` gives a column's noise as an absolute |Δ|, in the
-column's unit, e.g. from repeated runs of the same cells (:func:`noise_from_repeats`).
-A column without one takes :data:`DEFAULT_NOISE` (the rule where nothing was measured):
+column's unit, measured from repeats: the same cells run again (:func:`noise_from_repeats`),
+or, what ``sweep compare`` uses, the cells of a grid that differ only in ``seed``
+(:func:`noise_from_seeds`: a grid repeats a cell by giving it seeds, ``sk.axis("seed",
+[1, 2, 3])`` next to base). A measured noise replaces the default rule of its column, also
+where it is smaller. A column without one takes :data:`DEFAULT_NOISE` (the rule where
+nothing was measured):
 
 - timings, throughput, memory, KL, entropy, gradient norms and any other column: 5 % of
   |a| (run-to-run spread of step times on a shared node is a few percent);
@@ -26,8 +33,11 @@ A column without one takes :data:`DEFAULT_NOISE` (the rule where nothing was mea
 
 from __future__ import annotations
 
+import io
 import math
+import subprocess
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import attrs
 import polars as pl
@@ -36,6 +46,9 @@ from sweepkit.errors import UsageError, did_you_mean
 
 KEY = "cell"
 PRESENT = "present"
+SEED = "seed"
+# The outcomes whose numbers are a run's own: a failed repeat's step time is no noise.
+FINISHED = ("passed", "xpassed")
 
 
 @attrs.frozen(kw_only=True)
@@ -74,7 +87,7 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
         duplicates = frame[KEY].filter(frame[KEY].is_duplicated()).unique().to_list()
         if duplicates:
             raise UsageError(f"compare: table {name} has cells twice: {', '.join(map(str, duplicates))}")
-    columns = _columns(a, b, columns)
+    columns = compared_columns(a, b, columns)
     noise = dict(noise or {})
     unknown = [name for name in noise if name not in columns]
     if unknown:
@@ -114,7 +127,8 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
     return joined.select(pl.col(KEY), present.alias(PRESENT), *status, *per_column).collect()
 
 
-def _columns(a: pl.DataFrame, b: pl.DataFrame, columns: Sequence[str] | None) -> list[str]:
+def compared_columns(a: pl.DataFrame, b: pl.DataFrame, columns: Sequence[str] | None) -> list[str]:
+    """``columns`` checked against both tables, or (None) every numeric column both have."""
     def numeric(frame: pl.DataFrame) -> set[str]:
         return {name for name, dtype in frame.schema.items() if dtype.is_numeric()}
 
@@ -134,31 +148,124 @@ def _columns(a: pl.DataFrame, b: pl.DataFrame, columns: Sequence[str] | None) ->
     return columns
 
 
+def _pooled_noise(stacked: pl.LazyFrame, columns: Sequence[str], spread: float) -> dict[str, float]:
+    """``spread * sqrt(2) * s`` per column, ``s`` the pooled standard deviation of the rows of
+    each ``_group`` (``sum((n - 1) * var) / sum(n - 1)`` over the groups with two values or
+    more), ``sqrt(2)`` because a Δ is the difference of two such runs. A column no group has
+    two values of is left out."""
+    per_group = stacked.group_by("_group").agg(
+        *(pl.col(name).var(ddof=1).alias(f"{name}_var") for name in columns),
+        *(pl.col(name).count().alias(f"{name}_n") for name in columns))
+    sums = per_group.select(
+        *((pl.col(f"{name}_var") * (pl.col(f"{name}_n") - 1)).filter(pl.col(f"{name}_n") > 1).sum().alias(name)
+          for name in columns),
+        *((pl.col(f"{name}_n") - 1).filter(pl.col(f"{name}_n") > 1).sum().alias(f"{name}_dof") for name in columns),
+    ).collect().row(0, named=True)
+    return {name: spread * math.sqrt(2) * math.sqrt(sums[name] / sums[f"{name}_dof"]) for name in columns
+            if sums[f"{name}_dof"] and sums[name] is not None and not math.isnan(sums[name])}
+
+
+def _numbers(frame: pl.DataFrame, columns: Sequence[str]) -> list[pl.Expr]:
+    return [(pl.col(name).cast(pl.Float64).fill_nan(None) if name in frame.columns
+             else pl.lit(None, dtype=pl.Float64)).alias(name) for name in columns]
+
+
 def noise_from_repeats(tables: Sequence[pl.DataFrame], *, columns: Sequence[str],
                        spread: float = 2.0) -> dict[str, float]:
-    """Noise per column from two or more report tables of the same cells run again:
-    ``spread * sqrt(2) * s``, ``s`` the pooled standard deviation of each cell's repeats
-    (the root of the mean per-cell variance), ``sqrt(2)`` because a Δ is the difference of
-    two such runs. A column no cell has two values of is left out."""
+    """Noise per column from two or more report tables of the same cells run again, each
+    cell's runs a group of :func:`_pooled_noise`."""
     if len(tables) < 2:
         raise UsageError("compare: noise from repeats needs at least two tables")
-    stacked = pl.concat([frame.lazy().select(pl.col(KEY), *(pl.col(name).cast(pl.Float64).fill_nan(None)
-                                                             for name in columns))
+    stacked = pl.concat([frame.lazy().select(pl.col(KEY).alias("_group"), *_numbers(frame, columns))
                          for frame in tables], how="vertical_relaxed")
-    variances = stacked.group_by(KEY).agg(pl.col(name).var(ddof=1) for name in columns)
-    pooled = variances.select(pl.col(name).mean().sqrt() for name in columns).collect()
-    return {name: spread * math.sqrt(2) * value for name in columns
-            if (value := pooled[name][0]) is not None and not math.isnan(value)}
+    return _pooled_noise(stacked, columns, spread)
+
+
+def setting() -> pl.Expr:
+    """A cell's ``diff`` (``key=value`` words) without its ``seed=``: the cells of a table
+    with the same setting are repeats of one another."""
+    return pl.col("diff").fill_null("").str.replace_all(rf"(?:^| ){SEED}=\S+", "").str.strip_chars()
+
+
+@attrs.frozen(kw_only=True)
+class SeedNoise:
+    """What :func:`noise_from_seeds` measured: the noise per column, and the groups of
+    repeats it rests on (each a side's cells that differ only in ``seed``)."""
+
+    noise: Mapping[str, float]
+    groups: tuple[tuple[str, tuple[str, ...]], ...]  # (side, cells)
+
+    def describe(self) -> str:
+        """One line saying what the noise rests on, for the output of ``sweep compare``."""
+        if not self.noise:
+            why = "no cells differ only in seed" if not self.groups else "the repeats have no values"
+            return (f"noise: no repeats ({why}); each column has its default rule (sweepkit.compare."
+                    "DEFAULT_NOISE: 5% of |a| for timings, 0.02 for rates and shares, any change of steps)")
+        runs = sum(len(cells) for _, cells in self.groups)
+        groups = "; ".join(f"{side}: {', '.join(cells)}" for side, cells in self.groups)
+        values = ", ".join(f"{name} ±{value:.3g}" for name, value in self.noise.items())
+        return (f"noise from repeats: {len(self.groups)} group(s) of cells that differ only in seed, {runs} finished "
+                f"runs ({groups}): 2 x sqrt(2) x their pooled sd: {values}; other columns: their default rule")
+
+
+def noise_from_seeds(tables: Mapping[str, pl.DataFrame], *, columns: Sequence[str],
+                     spread: float = 2.0) -> SeedNoise:
+    """Noise per column from the repeats within each table (side name -> report table with
+    ``diff``): cells whose diff differs only in ``seed`` and that finished (``passed``,
+    ``xpassed``) are one group; the groups of both sides are pooled (:func:`_pooled_noise`)."""
+    stacked, groups = [], []
+    for side, frame in tables.items():
+        if "diff" not in frame.columns:
+            continue
+        finished = pl.col("status").is_in(FINISHED) if "status" in frame.columns else pl.lit(True)
+        rows = frame.lazy().filter(finished).select(
+            pl.col(KEY), pl.concat_str([pl.lit(f"{side}:"), setting()]).alias("_group"), *_numbers(frame, columns))
+        repeated = rows.filter(pl.len().over("_group") > 1)
+        for cells in repeated.group_by("_group", maintain_order=True).agg(pl.col(KEY)).collect()[KEY]:
+            groups.append((side, tuple(cells)))
+        stacked.append(repeated)
+    if not groups:
+        return SeedNoise(noise={}, groups=())
+    return SeedNoise(noise=_pooled_noise(pl.concat(stacked, how="vertical_relaxed"), columns, spread),
+                     groups=tuple(groups))
+
+
+def committed_table(rootdir: Path, revision: str, path: str) -> dict[str, pl.DataFrame]:
+    """The report tables committed at ``revision`` under ``path`` (a ``runs/<grid>`` dir,
+    whose ``report/`` holds them, or that ``report/`` dir), read from git; parquet, else csv."""
+    def show(name: str) -> bytes | None:
+        done = subprocess.run(["git", "-C", str(rootdir), "show", f"{revision}:{name}"], capture_output=True)
+        return done.stdout if done.returncode == 0 else None
+
+    check = subprocess.run(["git", "-C", str(rootdir), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        raise UsageError(f"sweep compare: {revision}:{path}: {revision!r} is no commit of the git repository at "
+                         f"{rootdir} ({check.stderr.strip() or 'git rev-parse found none'})")
+    path = path.strip("/")
+    for folder in (f"{path}/report", path):
+        tables = {}
+        for name in ("throughput", "accuracy"):
+            for extension, read in (("parquet", pl.read_parquet), ("csv", pl.read_csv)):
+                data = show(f"{folder}/{name}.{extension}")
+                if data is not None:
+                    tables[name] = read(io.BytesIO(data))
+                    break
+        if tables:
+            return tables
+    raise UsageError(f"sweep compare: {revision}:{path}: no report tables committed there (looked for "
+                     f"{path}/report/throughput.parquet or .csv, and in {path}/ itself)")
 
 
 def _number(value) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def format_compare(frame: pl.DataFrame) -> str:
+def format_compare(frame: pl.DataFrame, noise_note: str | None = None) -> str:
     """A compact text of a :func:`compare` frame: the status (``a → b`` where it changed),
-    per compared column ``a → b (Δ%)`` and a ``*`` where it differs beyond noise; then a line naming the cells that differ and those
-    on one side only."""
+    per compared column ``a → b (Δ%)`` and a ``*`` where it differs beyond noise; then a
+    line naming the cells that differ and those on one side only, and ``noise_note``
+    (what the noise rests on) when given."""
     columns = [name[: -len("_differs")] for name in frame.columns if name.endswith("_differs")]
     header = [KEY, "status", *columns]
     rows = []
@@ -199,4 +306,4 @@ def format_compare(frame: pl.DataFrame) -> str:
         only = frame.filter(pl.col(PRESENT) == side)[KEY].to_list()
         if only:
             summary += f"; only in {side}: {', '.join(only)}"
-    return "\n".join([*lines, summary]) + "\n"
+    return "\n".join([*lines, summary, *([noise_note] if noise_note else [])]) + "\n"

@@ -23,6 +23,9 @@ Order of a ``sweep run``:
    :func:`sweep_job_concurrency_cap` per run), :func:`sweep_prepare_cell_dir`,
    :func:`sweep_cell_started`, then :func:`sweep_cell_finished`;
 7. :func:`sweep_unconfigure`.
+
+``sweep report`` asks :func:`sweep_register_report_tables` and then
+:func:`sweep_register_report_formats` once, before it reads the first grid.
 """
 
 from __future__ import annotations
@@ -239,11 +242,42 @@ def sweep_cell_finished(cell: "Cell", state) -> None:
 def sweep_watch_cell(cell: "Cell", records: "list[dict]") -> "str | None":
     """A live guard: the reason to stop a running cell now, or None.
 
-    ``records`` are the cell's metric records so far (``kind``, ``step`` and the metrics),
-    in step order; called as new ones arrive. The runner stops a cell a guard names the
+    ``records`` are the cell's metric records so far (``kind``, ``step`` and the numeric
+    metrics each logged, NaN kept), in step order; called as new ones arrive. A guard that
+    needs more than the records (the runs dir) is a plugin object bound to the session at
+    :func:`sweep_configure`, as ``sweepkit_plugins.guards``' ``ceiling_probe`` is. The runner stops a cell a guard names the
     way ``sweep cancel`` does (the trainer checkpoints its last step) and records the
     attempt failed with failure class ``GUARD`` and the reason. A guard only stops: it
     never changes a cell's settings (a series must keep its hyper-parameters).
+    """
+
+
+# -- report ---------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def sweep_register_report_tables(register: Callable[..., None]) -> None:
+    """Register a table of ``sweep report`` (every format shows every table; ``--table``
+    picks one).
+
+    :param register: ``register(name, table)`` with a :class:`sweepkit.renderers.ReportTable`:
+        ``table.build(frames)`` returns a polars LazyFrame a row a cell (with a ``cell``
+        column) from the grid's :class:`sweepkit.report.GridFrames`: ``frames.cells`` (every
+        built-in column, a row a cell, in the grid's order) and ``frames.steps`` (a row per
+        cell, kind and step, every numeric metric any cell logged). Build with expressions
+        and leave the frame lazy: the report collects all tables in one pass.
+    """
+
+
+@hookspec(historic=True)
+def sweep_register_report_formats(register: Callable[..., None]) -> None:
+    """Register a format of ``sweep report``, selectable with ``--format``.
+
+    :param register: ``register(name, fmt)`` with a :class:`sweepkit.renderers.ReportFormat`:
+        ``fmt.write(report)`` writes files under ``report.report_dir`` (every report, or
+        only under ``--format`` this one when ``fmt.always`` is False) and returns them;
+        ``fmt.show(report, console)`` prints it. ``report`` is a
+        :class:`sweepkit.renderers.GridReport` (the collected tables, the curves' steps).
     """
 
 

@@ -4,7 +4,9 @@ The page has no script, no stylesheet or font to fetch and no image file: cluste
 offline, and the page must open from a copied ``report/`` folder. Curves are inline SVG
 drawn here (matplotlib is not a dependency): one chart per metric, one line per cell in a
 colour the cell keeps on every chart, NaN and missing values left out, a cell with a
-single point drawn as a dot.
+single point drawn as a dot. A curve of more than :data:`MAX_POINTS` points is thinned
+(:func:`thin`: the first and last point, and the lowest and highest of each bucket of
+steps), so that a page of 100 cells x 10,000 steps stays a few MB and every spike shows.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ CURVES = (
 # Okabe-Ito, then Tableau: told apart also by most colour-blind readers.
 PALETTE = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#f0e442", "#000000",
            "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f")
+
+# Points drawn per curve at most: a chart is 412 units wide, so more would not show.
+MAX_POINTS = 500
 
 # Room around the plot area, in SVG units: tick labels left and below, the title above.
 LEFT, RIGHT, TOP, BOTTOM = 56, 12, 24, 34
@@ -180,20 +185,37 @@ def _cell_order(tables: dict[str, pl.DataFrame], steps: pl.DataFrame, diffs: dic
     return list(names)
 
 
+def thin(steps: pl.DataFrame, column: str, max_points: int = MAX_POINTS) -> pl.DataFrame:
+    """``cell``, ``step`` and ``column`` of the rows with a finite value, at most
+    ``max_points`` a cell, in step order: a cell with more keeps its first and last point
+    and, of each of ``(max_points - 2) // 2`` buckets of consecutive points, the lowest and
+    the highest (a min/max decimation: the curve's envelope, its extremes and its end stay)."""
+    buckets = max((max_points - 2) // 2, 1)
+    points = (steps.lazy().select("cell", "step", column).filter(pl.col(column).is_finite())
+              .sort("cell", "step")
+              .with_columns(pl.int_range(pl.len()).over("cell").alias("_index"), pl.len().over("cell").alias("_count"))
+              .with_columns((pl.col("_index") * buckets // pl.col("_count")).alias("_bucket")))
+    within = pl.int_range(pl.len()).over("cell", "_bucket")
+    keep = ((pl.col("_count") <= max_points) | (pl.col("_index") == 0) | (pl.col("_index") == pl.col("_count") - 1)
+            | (within == pl.col(column).arg_min().over("cell", "_bucket"))
+            | (within == pl.col(column).arg_max().over("cell", "_bucket")))
+    return points.filter(keep).select("cell", "step", column).collect()
+
+
 def _curves(steps: pl.DataFrame, cells: list[str]) -> tuple[list[str], list[str]]:
     """One chart per metric of ``CURVES`` that ``steps`` has, and a note for each it lacks."""
     charts, notes = [], []
-    by_cell = steps.partition_by("cell", as_dict=True) if steps.height else {}
     for column, title in CURVES:
         if column not in steps.columns:
             notes.append(f'<p class="note">{escape(title)}: chart left out, no cell logged '
                          f"<code>{escape(column)}</code>.</p>")
             continue
+        points = thin(steps, column)
+        by_cell = points.partition_by("cell", as_dict=True) if points.height else {}
         series = {}
         for cell in cells:
             frame = by_cell.get((cell,))
-            rows = [] if frame is None else frame.select("step", column).drop_nulls().rows()
-            series[cell] = rows
+            series[cell] = [] if frame is None else frame.select("step", column).rows()
         charts.append(svg_chart(title, series))
     return charts, notes
 

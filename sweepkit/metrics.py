@@ -9,23 +9,34 @@ skipped until it is complete. A record whose step is not an integer (``"step": "
 left out, and :func:`bad_lines` names its line. When a step appears twice (a resumed run repeats the steps
 after its checkpoint), the later record wins.
 
-This module is plain Python (the driver's live display and ``sweep status`` use it every
-second); ``sweepkit.report`` scans the same sources with polars.
+There is one reader, and it makes one shape: the per-step frame of a cell (``kind``,
+``step`` and every numeric metric as Float64, one row per (kind, step), in step order).
+:func:`scan` gives it for a cell's whole file (``sweep report`` joins every cell's,
+``sweep status`` summarizes it), :class:`Follower` grows it from the
+bytes written since its last read (the driver's live display and its guards, every poll),
+and :func:`summary_expressions` are the expressions all of them compute a cell's step,
+sec/step and reward with.
+
+polars is imported by the functions that read, not by the module: the runner (loaded by
+every ``sweep`` command) imports this module, and ``sweep list`` never reads a metric.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import json
-import math
 import re
-import statistics
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from sweepkit import state as st
+
+if TYPE_CHECKING:
+    import polars as pl
 
 MIRROR_LINE = re.compile(r"WANDB_MIRROR kind=(?P<kind>\S+) step=(?P<step>-?\d+) metrics=(?P<metrics>\{.*\})\s*$")
 
@@ -45,14 +56,20 @@ def source(directory: Path) -> tuple[str, Path] | None:
     return None
 
 
-def complete_text(path: Path, offset: int = 0) -> tuple[str, int]:
-    """The text of ``path`` from ``offset`` up to its last newline, and the offset after it;
-    a last line still being written is left for the next read."""
+def complete_bytes(path: Path, offset: int = 0) -> tuple[bytes, int]:
+    """The bytes of ``path`` from ``offset`` up to its last newline, and the offset after
+    them; a last line still being written is left for the next read."""
     with open(path, "rb") as handle:
         handle.seek(offset)
         data = handle.read()
     end = data.rfind(b"\n") + 1
-    return data[:end].decode(errors="replace"), offset + end
+    return data[:end], offset + end
+
+
+def complete_text(path: Path, offset: int = 0) -> tuple[str, int]:
+    """:func:`complete_bytes` as text."""
+    data, end = complete_bytes(path, offset)
+    return data.decode(errors="replace"), end
 
 
 def record_problem(record: dict[str, Any]) -> str | None:
@@ -105,15 +122,6 @@ def parse_mirror(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 PARSERS = {"jsonl": parse_jsonl, "stdout": parse_mirror}
 
 
-def dedupe(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per (kind, step), the last one written, ordered by step."""
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
-    for record in records:
-        latest.pop((record["kind"], record["step"]), None)
-        latest[(record["kind"], record["step"])] = record
-    return sorted(latest.values(), key=lambda record: record["step"])
-
-
 def bad_lines(directory: Path) -> list[tuple[int, str]]:
     """``(line number, why)`` of the records of a cell's ``metrics.jsonl`` that are left out
     (:func:`record_problem`); the ``WANDB_MIRROR`` lines of stdout always have integer steps."""
@@ -125,14 +133,77 @@ def bad_lines(directory: Path) -> list[tuple[int, str]]:
             if (problem := record_problem(record)) is not None]
 
 
-def read_records(directory: Path) -> list[dict[str, Any]]:
-    """All of a cell's metric records (train, eval and any other kind)."""
+# -- the per-step frame ----------------------------------------------------------------
+
+
+def _per_step(frame: pl.LazyFrame) -> pl.LazyFrame:
+    """``kind``, ``step`` (Int64) and the numeric metrics as Float64, the last record of
+    each (kind, step). Strings and nested values (the ``info`` record's device, knobs) are
+    not metrics: the report reads them from the file's first records (``run_info``)."""
+    import polars as pl
+
+    schema = frame.collect_schema()
+    numeric = [name for name, dtype in schema.items() if dtype.is_numeric() and name != "step"]
+    return (
+        frame.filter(pl.col("kind").is_not_null() & pl.col("step").is_not_null())
+        .select(pl.col("kind"), pl.col("step").cast(pl.Int64), *(pl.col(name).cast(pl.Float64) for name in numeric))
+        .unique(subset=["kind", "step"], keep="last", maintain_order=True)
+        .sort("step", maintain_order=True)
+    )
+
+
+def _polars_can_take(frame) -> bool:
+    """False where a step that is not an integer on some line ("five") made the column
+    another type, or a kind that is not a string did: the line parser leaves such lines out."""
+    import polars as pl
+
+    schema = frame.collect_schema()
+    return ("kind" in schema and "step" in schema and schema["step"].is_integer()
+            and schema["kind"] == pl.String)
+
+
+def _parsed(kind: str, data: bytes) -> pl.LazyFrame | None:
+    """Complete lines of a metrics source, parsed one by one (stdout lines, or a metrics
+    file polars cannot take as it is: a damaged line, a NaN, a bad step)."""
+    import polars as pl
+
+    records = list(PARSERS[kind](data.decode(errors="replace").splitlines()))
+    return pl.from_dicts(records, infer_schema_length=None).lazy() if records else None
+
+
+def frame_of(kind: str, data: bytes) -> pl.LazyFrame | None:
+    """The per-step frame of complete lines (``data`` ends at a newline) of a source of
+    ``kind`` (``jsonl`` or ``stdout``), or None when they hold no record."""
+    import polars as pl
+
+    if not data.strip():
+        return None
+    frame = None
+    if kind == "jsonl":
+        try:
+            frame = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None).lazy()
+            if not _polars_can_take(frame):
+                frame = None
+        except pl.exceptions.PolarsError:
+            frame = None
+    frame = frame if frame is not None else _parsed(kind, data)
+    return None if frame is None else _per_step(frame)
+
+
+def scan(directory: Path) -> pl.LazyFrame | None:
+    """A cell's per-step frame, every kind of record (train, eval, info), or None when it
+    has no metrics yet. The file is read once, its complete lines parsed once (polars has to
+    read a whole NDJSON file to know its columns anyway), and the frame stays lazy: the
+    report plans every cell's aggregates, the tables and the curves over it in one pass."""
     found = source(directory)
     if found is None:
-        return []
+        return None
     kind, path = found
-    text, _ = complete_text(path)
-    return dedupe(PARSERS[kind](text.splitlines()))
+    try:
+        data, _ = complete_bytes(path)
+    except FileNotFoundError:  # a fresh start removed it between the two looks
+        return None
+    return frame_of(kind, data)
 
 
 def warmup_steps(n_steps: int) -> int:
@@ -144,10 +215,32 @@ def warmup_steps(n_steps: int) -> int:
     return max(1, n_steps // 10)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+def after_warmup(column: str) -> pl.Expr:
+    """``column`` over one cell's train steps in step order, :func:`warmup_steps` left out."""
+    import polars as pl
+
+    n = pl.len()
+    warmup = pl.when(n > 1).then(pl.max_horizontal(pl.lit(1), n // 10)).otherwise(0)
+    return pl.col(column).sort_by("step").slice(warmup)
+
+
+def _finite(expression: pl.Expr) -> pl.Expr:
+    import polars as pl
+
+    return expression.filter(expression.is_finite())
+
+
+@functools.cache
+def summary_expressions() -> tuple:
+    """What the live display and ``sweep status`` show of a cell, over its train rows: the
+    last step, the median step time after warm-up, the last finite reward."""
+    import polars as pl
+
+    return (
+        pl.col("step").max().alias("step"),
+        _finite(after_warmup(STEP_TIME)).median().alias("sec_per_step"),
+        _finite(pl.col(REWARD).sort_by("step")).last().alias("reward"),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -160,54 +253,84 @@ class Summary:
     updated: float | None = None  # mtime of the metrics source
 
 
-def summarize(records: list[dict[str, Any]], updated: float | None = None) -> Summary:
-    train = [record for record in records if record["kind"] == "train"]
-    if not train:
+def summarize_frame(frame: pl.LazyFrame | pl.DataFrame | None, updated: float | None = None) -> Summary:
+    """:func:`summary_expressions` of a per-step frame."""
+    import polars as pl
+
+    if frame is None:
         return Summary(updated=updated)
-    times = [_number(record.get(STEP_TIME)) for record in train]
-    times = [value for value in times[warmup_steps(len(times)):] if value is not None]
-    rewards = [_number(record.get(REWARD)) for record in train]
-    rewards = [value for value in rewards if value is not None]
-    return Summary(
-        step=train[-1]["step"],
-        sec_per_step=statistics.median(times) if times else None,
-        reward=rewards[-1] if rewards else None,
-        updated=updated,
-    )
+    frame = frame.lazy()
+    present = frame.collect_schema().names()
+    row = (frame.filter(pl.col("kind") == "train")
+           .with_columns(pl.lit(None, dtype=pl.Float64).alias(name) for name in (STEP_TIME, REWARD)
+                         if name not in present)
+           .select(summary_expressions()).collect().row(0, named=True))
+    return Summary(updated=updated, **row)
+
+
+def summarize(records: Iterable[dict[str, Any]], updated: float | None = None) -> Summary:
+    """:func:`summary_expressions` of records as the trainer writes them (a test's expected values)."""
+    import polars as pl
+
+    records = [record for record in records if record_problem(record) is None]
+    frame = _per_step(pl.from_dicts(records, infer_schema_length=None).lazy()) if records else None
+    return summarize_frame(frame, updated)
+
+
+def summary(directory: Path) -> Summary:
+    """A cell's :class:`Summary` from its files (``sweep status``)."""
+    found = source(directory)
+    try:
+        updated = found[1].stat().st_mtime if found else None
+    except FileNotFoundError:  # a fresh start removed it between the two looks
+        return Summary()
+    return summarize_frame(scan(directory), updated=updated)
 
 
 class Follower:
-    """Reads a cell's metrics incrementally, so a live display costs only the new bytes."""
+    """A cell's per-step frame grown from the bytes written since the last read, so a live
+    display that polls every fraction of a second costs only the new lines."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self._source: tuple[str, Path] | None = None
         self._offset = 0
-        self._records: dict[tuple[str, int], dict[str, Any]] = {}
-        self.ordered: list[dict[str, Any]] = []  # every record read so far, in step order
+        self._frame: pl.DataFrame | None = None
+        self._summary = Summary()
+        self._ordered: list[dict[str, Any]] | None = []
+
+    @property
+    def ordered(self) -> list[dict[str, Any]]:
+        """Every record read so far, in step order, each with the metrics it logged."""
+        if self._ordered is None:
+            self._ordered = [{key: value for key, value in row.items() if value is not None}
+                             for row in self._frame.iter_rows(named=True)]
+        return self._ordered
+
+    def _start_over(self) -> None:
+        self._offset, self._frame, self._ordered, self._summary = 0, None, [], Summary()
 
     def summary(self) -> Summary:
         found = source(self.directory)
         if found is None:
             return Summary()
         if found != self._source:  # metrics.jsonl appeared after stdout was being read
-            self._source, self._offset, self._records = found, 0, {}
+            self._source = found
+            self._start_over()
         kind, path = found
         try:
             stat = path.stat()
             if stat.st_size < self._offset:  # the file was started over (a fresh run)
-                self._offset, self._records = 0, {}
-            text, self._offset = complete_text(path, self._offset)
+                self._start_over()
+            data, self._offset = complete_bytes(path, self._offset)
         except FileNotFoundError:
             return Summary()
-        for record in PARSERS[kind](text.splitlines()):
-            self._records.pop((record["kind"], record["step"]), None)
-            self._records[(record["kind"], record["step"])] = record
-        self.ordered = sorted(self._records.values(), key=lambda record: record["step"])
-        return summarize(self.ordered, updated=stat.st_mtime)
+        new = frame_of(kind, data)
+        if new is not None:
+            import polars as pl
 
-
-def summary(directory: Path) -> Summary:
-    found = source(directory)
-    updated = found[1].stat().st_mtime if found else None
-    return summarize(read_records(directory), updated=updated)
+            rows = new if self._frame is None else pl.concat([self._frame.lazy(), new], how="diagonal_relaxed")
+            self._frame = _per_step(rows).collect()
+            self._ordered = None
+            self._summary = summarize_frame(self._frame)
+        return attrs.evolve(self._summary, updated=stat.st_mtime)

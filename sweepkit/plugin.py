@@ -26,6 +26,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "sweepkit.executors.local",
     "sweepkit.executors.debug",
     "sweepkit.executors.slurm",
+    "sweepkit.renderers",
 )
 
 ENTRY_POINT_GROUP = "sweepkit"

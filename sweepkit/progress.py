@@ -3,7 +3,10 @@
 On a terminal: a rich ``Live`` table, one row per cell (state, attempt, step, sec/step,
 reward, elapsed), redrawn as metrics arrive. Anywhere else (a log file, CI, a detached
 driver): plain lines, one per event, plus a progress line per running cell at most every
-``PLAIN_PROGRESS_EVERY_S`` seconds, so logs stay readable and greppable.
+``PLAIN_PROGRESS_EVERY_S`` seconds, so logs stay readable and greppable. A row's step,
+sec/step and reward are a :class:`sweepkit.metrics.Summary`, made by the driver's
+:class:`sweepkit.metrics.Follower` (the per-step frame grown from the new lines at each
+poll) with the same expressions ``sweep status`` uses.
 """
 
 from __future__ import annotations

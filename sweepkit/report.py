@@ -1,6 +1,7 @@
 """``sweep report``: a throughput table and an accuracy table per grid, from disk alone.
 
-Each cell's metrics are scanned lazily (``metrics.jsonl`` with ``scan_ndjson``; the
+Each cell's metrics are scanned lazily by the one reader of per-step frames
+(:func:`sweepkit.metrics.scan`: ``metrics.jsonl`` with ``scan_ndjson``; the
 ``WANDB_MIRROR`` lines of ``stdout.log`` when there is no such file), joined across cells
 with ``concat(how="diagonal_relaxed")`` (cells log different metric sets), aggregated by
 expressions built once, and collected only at the end. Every cell with a ``cell.json``
@@ -41,31 +42,31 @@ a step logged twice by a resumed run counts once, the later record):
   ``pass_at_k_per_gpu_hour``: the last ``pass_at_k`` over it; ``pass_at_k_best`` /
   ``pass_at_k_best_step``: the best eval and its step.
 
-Each grid's tables are headed by the profile, model and device its runs used. Besides the
-parquet, csv and markdown files, ``runs/<grid>/report/index.html`` is one self-contained
-page (no script, no network: clusters are offline) with the tables, each cell's diff and
-the reward, pass@k, entropy and sec/step curves of every cell (``sweepkit.html_report``).
+Each grid's tables are headed by the profile, model and device its runs used. The tables
+and the formats are registrations (``sweepkit.renderers`` holds the built-in ones and says
+what each writes): a plugin adds a table (a query over :class:`GridFrames`) or a format with
+one hookimpl. Among the files, ``runs/<grid>/report/index.html`` is one self-contained page
+(no script, no network: clusters are offline) with the tables, each cell's diff and the
+reward, pass@k, entropy and sec/step curves of every cell (``sweepkit.html_report``).
 """
 
 from __future__ import annotations
 
-import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import polars as pl
-from rich.text import Text
 
 from sweepkit import failures, metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
-from sweepkit.html_report import CURVES, write_page
-from sweepkit.progress import status_text
+from sweepkit.html_report import CURVES
+from sweepkit.renderers import GridReport, ReportTable, report_registry
 from sweepkit.session import ExitCode
 from sweepkit.status import file_warnings, grid_order
-from sweepkit.tables import Column, print_table
 
-FORMATS = ("table", "csv", "md", "json", "parquet")
 REPORT_DIR = "report"
 BASE_CELL = "base"
 
@@ -81,9 +82,13 @@ BOTTLENECKS = {"gen_frac": "generate-bound", "train_frac": "train-bound", "ref_f
                "teacher_frac": "teacher-bound", "sync_frac": "sync-bound"}
 # Entropy collapse: the last steps' mean entropy below this share of the first steps'.
 COLLAPSE_FRACTION = 0.2
-# Columns only some runs have (OPD's teacher): left out of a printed table where every row is empty.
-OPTIONAL = ("teacher_frac", "kl_first", "kl_last")
+# The built-in tables' columns (sweepkit.renderers registers them); a library caller
+# without a session (compare, suggest, the benchmark) gets these.
 TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
+BUILTIN_TABLES = {
+    "throughput": ReportTable.of_columns(THROUGHPUT, "step time, its split and the bottleneck, vs base"),
+    "accuracy": ReportTable.of_columns(ACCURACY, "reward, pass@k, entropy (collapse), KL and drift"),
+}
 
 # What the HTML page draws, by step.
 CURVE_METRICS = tuple(name for name, _ in CURVES)
@@ -98,12 +103,6 @@ def _by_step(column: str) -> pl.Expr:
     return pl.col(column).sort_by("step")
 
 
-def _after_warmup(column: str) -> pl.Expr:
-    n = pl.len()
-    warmup = pl.when(n > 1).then(pl.max_horizontal(pl.lit(1), n // 10)).otherwise(0)
-    return _by_step(column).slice(warmup)
-
-
 def _window_mean(column: str, last: bool) -> pl.Expr:
     values = _by_step(column).drop_nulls()
     k = (values.len() // 10).clip(1, 10)
@@ -111,15 +110,15 @@ def _window_mean(column: str, last: bool) -> pl.Expr:
 
 
 def _frac(column: str) -> pl.Expr:
-    return _after_warmup(column).mean() / _after_warmup("timing/step").mean()
+    return metrics.after_warmup(column).mean() / metrics.after_warmup("timing/step").mean()
 
 
 TRAIN_AGGREGATES = (
     pl.col("step").max().alias("steps"),
-    _after_warmup("timing/step").median().alias("sec_per_step"),
-    _after_warmup("timing/step").drop_nulls().len().alias("timed_steps"),
-    _after_warmup("timing/step").std().alias("sec_per_step_sd"),
-    _after_warmup("throughput/tokens_per_s").median().alias("tok_per_s"),
+    metrics.after_warmup("timing/step").median().alias("sec_per_step"),
+    metrics.after_warmup("timing/step").drop_nulls().len().alias("timed_steps"),
+    metrics.after_warmup("timing/step").std().alias("sec_per_step_sd"),
+    metrics.after_warmup("throughput/tokens_per_s").median().alias("tok_per_s"),
     _frac("timing/generate").alias("gen_frac"),
     _frac("timing/policy_train").alias("train_frac"),
     _frac("timing/sync_weights").alias("sync_frac"),
@@ -164,50 +163,6 @@ DELTA_VS_BASE = (
 ).alias("delta_vs_base_pct")
 
 
-def scan_cell(directory: Path) -> pl.LazyFrame | None:
-    """A cell's train and eval records as a LazyFrame (``kind``, ``step``, numeric metrics
-    as Float64), one row per (kind, step), or None when it has no metrics yet."""
-    found = metrics.source(directory)
-    if found is None:
-        return None
-    kind, path = found
-    frame = None
-    if kind == "jsonl":
-        frame = _scan_jsonl(path)
-    if frame is None:  # stdout lines, or a metrics file polars cannot take as it is
-        records = metrics.dedupe(metrics.PARSERS[kind](metrics.complete_text(path)[0].splitlines()))
-        if not records:
-            return None
-        frame = pl.from_dicts(records, infer_schema_length=None).lazy()
-    schema = frame.collect_schema()
-    numeric = [name for name, dtype in schema.items() if dtype.is_numeric() and name != "step"]
-    return (
-        frame.filter(pl.col("kind").is_in(["train", "eval"]))
-        .select(pl.col("kind"), pl.col("step").cast(pl.Int64), *(pl.col(name).cast(pl.Float64) for name in numeric))
-        .unique(subset=["kind", "step"], keep="last", maintain_order=True)
-    )
-
-
-def _scan_jsonl(path: Path) -> pl.LazyFrame | None:
-    with open(path, "rb") as handle:
-        data = handle.read()
-    if not data.strip():
-        return None
-    try:
-        if data.endswith(b"\n"):
-            frame = pl.scan_ndjson(path, infer_schema_length=None)
-        else:  # the writer is mid-line: take the complete lines only
-            frame = pl.read_ndjson(io.BytesIO(data[: data.rfind(b"\n") + 1]), infer_schema_length=None).lazy()
-        schema = frame.collect_schema()
-    except pl.exceptions.PolarsError:
-        return None  # a damaged line in the middle: metrics.py's line-by-line reader skips it
-    if "kind" not in schema or "step" not in schema:
-        return None
-    # A step that is not an integer on some line ("five") makes the column another type:
-    # metrics.py's reader leaves that line out.
-    return frame if schema["step"].is_integer() and schema["kind"] == pl.String else None
-
-
 def _diff_text(record) -> str:
     diff = (record or {}).get("diff") or {}
     return " ".join(f"{key}={json.dumps(after)}" for key, (_, after) in diff.items())
@@ -222,8 +177,9 @@ def gpu_hours(view) -> float | None:
 
 
 def run_info(view) -> dict:
-    """The trainer's ``info`` record of the cell's run (device, inert knobs), or {}."""
-    path = view.directory / "metrics.jsonl"
+    """The trainer's ``info`` record of the cell's run (device, inert knobs), or {}: its
+    strings and lists are no metrics, so the per-step frame does not hold them."""
+    path = view.directory / st.METRICS_FILE
     try:
         with open(path) as handle:
             for line in handle:
@@ -266,24 +222,47 @@ def grid_heading(views, infos: list[dict]) -> str:
     return " · ".join(parts)
 
 
-def grid_tables(grid_dir: Path, cells: list[Path] | None = None) -> dict[str, pl.DataFrame]:
-    """The two tables of one grid dir, optionally only for some of its cells."""
-    return grid_frames(grid_dir, cells)[0]
+@attrs.frozen(kw_only=True)
+class GridFrames:
+    """One grid's frames, lazy: ``cells`` a row a cell in the grid's order with every
+    built-in column (status, diff, failure, cost and every aggregate above), ``steps`` a
+    row per cell, kind (train, eval) and step with every numeric metric any cell logged
+    (the ``USED_METRICS`` always, null where none did). Tables are queries over them."""
+
+    grid: str
+    cells: pl.LazyFrame
+    steps: pl.LazyFrame
+    heading: str
+    diffs: Mapping[str, str]
 
 
-def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[str, pl.DataFrame], pl.DataFrame, str]:
-    """The tables, the per-step frame they came from (``cell``, ``kind``, ``step`` and the
-    metrics the curves of the HTML page draw) and the grid's heading, from one read of
-    every cell."""
+def grid_tables(grid_dir: Path, cells: list[Path] | None = None,
+                tables: Mapping[str, ReportTable] = BUILTIN_TABLES) -> dict[str, pl.DataFrame]:
+    """The tables of one grid dir (the built-in two by default), optionally only for some of its cells."""
+    return collect_report(grid_frames(grid_dir, cells), tables, report_dir=grid_dir / REPORT_DIR).tables
+
+
+def wide_table(tables: Mapping[str, pl.DataFrame]) -> pl.DataFrame:
+    """The built-in tables as one frame, a row a cell (what ``compare`` and ``suggest`` read)."""
+    throughput, accuracy = tables.get("throughput"), tables.get("accuracy")
+    if throughput is None or accuracy is None:
+        return throughput if accuracy is None else accuracy
+    shared = [name for name in accuracy.columns if name in throughput.columns and name != "cell"]
+    return throughput.join(accuracy.drop(shared), on="cell", how="left", maintain_order="left")
+
+
+def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> GridFrames:
+    """The frames of a grid dir (or of some of its cells), from one read of every cell."""
     views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
     job_states = failures.job_records(views)  # failure classes of SLURM attempts need their job states
     views.sort(key=grid_order)  # as `sweep list` shows them, not by name
     infos = [run_info(view) for view in views]
+    diffs = {view.name: _diff_text(view.record) for view in views}
     cell_info = pl.LazyFrame(
         {
             "cell": [view.name for view in views],
             "status": [view.outcome for view in views],
-            "diff": [_diff_text(view.record) for view in views],
+            "diff": list(diffs.values()),
             "failure": [None if view.waiting else failures.failure_text(view, job_states) for view in views],
             "gpu_hours": [gpu_hours(view) for view in views],
             "note": [cell_note(view, info) for view, info in zip(views, infos)],
@@ -293,8 +272,8 @@ def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[s
     )
     # A cell waiting to start over keeps its earlier run's metrics until it starts: no
     # numbers of the attempt its row is about.
-    frames = [frame.with_columns(pl.lit(view.name).alias("cell"))
-              for view in views if not view.stale_files and (frame := scan_cell(view.directory)) is not None]
+    frames = [frame.filter(pl.col("kind").is_in(["train", "eval"])).with_columns(pl.lit(view.name).alias("cell"))
+              for view in views if not view.stale_files and (frame := metrics.scan(view.directory)) is not None]
     if frames:
         records = pl.concat(frames, how="diagonal_relaxed")
         present = records.collect_schema().names()
@@ -312,40 +291,28 @@ def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> tuple[dict[s
               .join(evals, on="cell", how="left", maintain_order="left")
               .with_columns(DELTA_VS_BASE, BOTTLENECK, COLLAPSE, PER_GPU_HOUR)
               .with_columns(_noise_note()))
-    curves = records.select("cell", "kind", "step", *(name for name in CURVE_METRICS)).sort("cell", "step")
-    *both, steps = pl.collect_all([*(joined.select(columns) for columns in TABLES.values()), curves])
-    return dict(zip(TABLES, both)), steps, grid_heading(views, infos)
+    return GridFrames(grid=grid_dir.name, cells=joined, steps=records, heading=grid_heading(views, infos),
+                      diffs=diffs)
 
 
-def to_markdown(frame: pl.DataFrame) -> str:
-    def cell(value) -> str:
-        if value is None:
-            return ""
-        if isinstance(value, float):
-            return f"{value:.4g}"
-        return str(value).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "|".join("---" for _ in frame.columns) + "|"]
-    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in frame.iter_rows()]
-    return "\n".join(lines) + "\n"
-
-
-def write_tables(report_dir: Path, tables: dict[str, pl.DataFrame], fmt: str) -> list[Path]:
-    """Write parquet, csv and markdown of each table (and json when asked for)."""
-    report_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, frame in tables.items():
-        outputs = {"parquet": frame.write_parquet, "csv": frame.write_csv,
-                   "md": lambda path, frame=frame: Path(path).write_text(to_markdown(frame))}
-        if fmt == "json":
-            outputs["json"] = frame.write_json
-        for extension, write in outputs.items():
-            path = report_dir / f"{name}.{extension}"
-            temp = path.with_name(f".{path.name}.tmp")
-            write(temp)
-            temp.replace(path)
-            written.append(path)
-    return written
+def collect_report(frames: GridFrames, tables: Mapping[str, ReportTable], *, report_dir: Path,
+                   shown: tuple[str, ...] | None = None) -> GridReport:
+    """Every table and the curves' steps of a grid, collected in one pass."""
+    queries = []
+    for name, table in tables.items():
+        query = table.build(frames)
+        if not isinstance(query, (pl.LazyFrame, pl.DataFrame)):
+            raise UsageError(f"report table {name!r}: its build returned {type(query).__name__}, not a polars frame")
+        queries.append(query.lazy())
+    curves = frames.steps.select("cell", "kind", "step", *CURVE_METRICS).sort("cell", "step")
+    try:
+        *collected, steps = pl.collect_all([*queries, curves])
+    except pl.exceptions.ColumnNotFoundError as error:
+        raise UsageError(f"a report table reads a column no cell of {frames.grid} has: {error}".splitlines()[0]) \
+            from None
+    return GridReport(grid=frames.grid, heading=frames.heading, tables=dict(zip(tables, collected)),
+                      shown=tuple(tables) if shown is None else shown, steps=steps, diffs=frames.diffs,
+                      report_dir=report_dir)
 
 
 def group_by_grid(runs_dir: Path, specs) -> dict[Path, list[Path] | None]:
@@ -365,17 +332,21 @@ def group_by_grid(runs_dir: Path, specs) -> dict[Path, list[Path] | None]:
 
 
 def make_report(session, specs, fmt: str = "table", table: str | None = None) -> int:
-    """Build, print and write the tables of the grids (or cells) named by ``specs``.
+    """Build, write and print the tables of the grids (or cells) named by ``specs``.
 
-    ``--format csv|json`` print data only, on stdout (what was written goes to stderr):
-    csv one table (``--table``), json one document holding the tables asked for.
+    Every registered table is made (``sweep_register_report_tables``); every registered
+    format writes its files, and ``fmt`` prints (``sweep_register_report_formats``). A
+    data-only format (csv, json) prints data alone on stdout, what was written on stderr.
     """
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
-    if table is not None and table not in TABLES:
-        raise UsageError(f"--table {table}: expected one of {', '.join(TABLES)}")
-    if fmt == "csv" and table is None:
-        raise UsageError("--format csv prints one table: add --table throughput or --table accuracy "
+    registry = report_registry(session)
+    spec = registry.formats.get(fmt)
+    if spec is None:
+        raise UsageError(f"--format {fmt}: expected one of {', '.join(registry.formats)} (the registered formats)")
+    if table is not None and table not in registry.tables:
+        raise UsageError(f"--table {table}: expected one of {', '.join(registry.tables)} (the registered tables)")
+    if spec.one_table and table is None:
+        options = " or ".join(f"--table {name}" for name in registry.tables)
+        raise UsageError(f"--format {fmt} prints one table: add {options} "
                          "(every table is written under runs/<grid>/report/ as well)")
     grids = group_by_grid(session.runs_dir, specs)
     if not grids:
@@ -385,112 +356,15 @@ def make_report(session, specs, fmt: str = "table", table: str | None = None) ->
         for directory in cells if cells is not None else st.cell_dirs(grid_dir):
             for line in file_warnings(st.view(directory), session.display_path):
                 session.err_console.print(f"WARNING: {line}", markup=False)
-        tables, steps, heading = grid_frames(grid_dir, cells)
-        written = write_tables(grid_dir / REPORT_DIR, tables, fmt)
-        diffs = dict(zip(tables["throughput"]["cell"], tables["throughput"]["diff"]))
-        written.append(write_page(grid_dir / REPORT_DIR / "index.html", grid=grid_dir.name, tables=tables,
-                                  steps=steps, diffs=diffs, heading=heading))
-        shown = {name: frame for name, frame in tables.items() if table in (None, name)}
-        _print(session, grid_dir.name, heading, shown, fmt, written)
+        report = collect_report(grid_frames(grid_dir, cells), registry.tables, report_dir=grid_dir / REPORT_DIR,
+                                shown=tuple(registry.tables) if table is None else (table,))
+        written = [path for name, other in registry.formats.items()
+                   if other.write is not None and (other.always or name == fmt) for path in other.write(report)]
+        if spec.show is not None:
+            spec.show(report, session.console)
+        shown = ", ".join(session.display_path(path) for path in written)
+        if spec.data_only:  # data only on stdout
+            session.err_console.print(f"wrote {shown}", markup=False)
+        else:
+            session.console.print(f"wrote {shown}", markup=False, style="dim")
     return ExitCode.OK
-
-
-def _print(session, grid: str, heading: str, tables: dict[str, pl.DataFrame], fmt: str,
-           written: list[Path]) -> None:
-    console = session.console
-    if fmt == "json":
-        console.print(json.dumps({"grid": grid, "heading": heading,
-                                  "tables": {name: frame.to_dicts() for name, frame in tables.items()}}),
-                      markup=False, soft_wrap=True)
-    if fmt in ("table", "md"):
-        console.print(f"{grid}: {heading}", markup=False, style="bold" if fmt == "table" else None)
-    for name, frame in tables.items():
-        if fmt == "table":
-            # Columns no cell has a value in (no eval, no timing breakdown) are left out on
-            # screen; the files keep every column.
-            shown = frame.select(column for column in frame.columns
-                                 if column in ("cell", "status") or frame[column].null_count() < frame.height)
-            _print_table(console, f"{grid}: {name}", shown)
-        elif fmt == "csv":
-            console.print(frame.write_csv(), markup=False, end="", soft_wrap=True)
-        elif fmt == "md":
-            console.print(f"## {grid}: {name}\n", markup=False)
-            console.print(to_markdown(frame), markup=False)
-    shown = ", ".join(session.display_path(path) for path in written)
-    if fmt in ("csv", "json"):  # data only on stdout
-        session.err_console.print(f"wrote {shown}", markup=False)
-    else:
-        console.print(f"wrote {shown}", markup=False, style="dim" if fmt == "table" else None)
-
-
-# How each column of the tables shows on screen (the files keep the full names): a short
-# header, and at a narrow width the diff and failure cut, then the columns of least use
-# left out, lowest ``drop`` first (the diff before the timing split: a cell's id mostly
-# says what it changes).
-SCREEN = {
-    "cell": Column(header="cell"),
-    "status": Column(header="status"),
-    "steps": Column(header="steps", justify="right"),
-    "sec_per_step": Column(header="s/step", justify="right"),
-    "delta_vs_base_pct": Column(header="vs base", justify="right"),
-    "tok_per_s": Column(header="tok/s", justify="right", drop=7),
-    "gen_frac": Column(header="gen", justify="right", drop=6),
-    "train_frac": Column(header="train", justify="right", drop=5),
-    "sync_frac": Column(header="sync", justify="right", drop=2),
-    "ref_frac": Column(header="ref", justify="right", drop=1),
-    "teacher_frac": Column(header="teacher", justify="right", drop=6),
-    "kl_first": Column(header="kl first", justify="right", drop=6),
-    "kl_last": Column(header="kl last", justify="right"),
-    "memory_peak_gb": Column(header="mem GB", justify="right", drop=3),
-    "timed_steps": Column(header="n", justify="right", drop=4),
-    "sec_per_step_sd": Column(header="±sd", justify="right", drop=3),
-    "bottleneck": Column(header="bound", justify="right"),
-    "gpu_hours": Column(header="GPU h", justify="right", drop=4),
-    "note": Column(header="note", floor=16, drop=5),
-    "pass_at_k_best": Column(header="best@k", justify="right", drop=4),
-    "pass_at_k_best_step": Column(header="at", justify="right", drop=3),
-    "pass_at_k_per_gpu_hour": Column(header="@k/GPU h", justify="right", drop=3),
-    "entropy_first": Column(header="ent first", justify="right", drop=2),
-    "entropy_last": Column(header="ent last", justify="right", drop=4),
-    "entropy_collapse": Column(header="collapse", justify="right"),
-    "logratio_max": Column(header="max logr", justify="right", drop=1),
-    "reward_first": Column(header="rew first", justify="right", drop=6),
-    "reward_last": Column(header="rew last", justify="right"),
-    "pass_at_1": Column(header="pass@1", justify="right", drop=3),
-    "pass_at_k": Column(header="pass@k", justify="right"),
-    "eval_k": Column(header="k", justify="right", drop=2),
-    "entropy_min": Column(header="min ent", justify="right", drop=5),
-    "grad_norm_max": Column(header="max grad", justify="right", drop=1),
-    "diff": Column(header="diff", floor=16, drop=4),
-    "failure": Column(header="failure", floor=16),
-}
-# Shares of the step's time, shown as percentages.
-FRACTIONS = ("gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac")
-
-
-def _screen_value(column: str, value) -> Text:
-    if value is None:
-        return Text("")
-    if column == "status":
-        return status_text(value)
-    if column == "delta_vs_base_pct":
-        return Text(f"{value:+.1f}%")
-    if column == "entropy_collapse":
-        return Text("COLLAPSED", style="bold red") if value else Text("no")
-    if column == "bottleneck":
-        return Text(value.removesuffix("-bound"))
-    if column in FRACTIONS:
-        return Text(f"{value:.0%}")
-    if isinstance(value, float):
-        return Text(f"{value:.4g}")
-    return Text(str(value))
-
-
-def _print_table(console, title: str, frame: pl.DataFrame) -> None:
-    frame = frame.drop([name for name in OPTIONAL if name in frame.columns and frame[name].is_null().all()])
-    columns = [SCREEN.get(name, Column(header=name)) for name in frame.columns]
-    rows = [[_screen_value(column, value) for column, value in row.items()] for row in frame.iter_rows(named=True)]
-    dropped = print_table(console, columns, rows, title=title)
-    if dropped:
-        console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (the files written have them)",
-                      style="dim", markup=False)

@@ -1,7 +1,9 @@
 """``sweep status``: where each cell stands, read from its files alone.
 
 Nothing here needs the driver that started the cells: a cell is running iff its lock is
-held, and its step, sec/step and reward come from its metrics. So ``status`` works while
+held, and its step, sec/step and reward come from its metrics, read by the one reader of
+per-step frames that ``sweep report`` and the live display use too
+(:func:`sweepkit.metrics.summary`: the expressions of ``metrics.SUMMARY``). So ``status`` works while
 a driver runs, after it exited, and after it was killed. A cell whose fresh attempt has
 not started yet shows no numbers (and no job or failure of its earlier run): the files it
 still holds until it starts are that run's.

@@ -73,7 +73,7 @@ def test_rerun_and_resume_exclude_each_other():
 def test_a_bad_option_is_bad_input():
     for args, message in ((("run", "--no-such-option"), "sweep: unrecognized arguments: --no-such-option"),
                           (("run", "--max-parallel", "two"), "argument --max-parallel: invalid int value: 'two'"),
-                          (("report", "--format", "xls"), "argument --format: invalid choice: 'xls'"),
+                          (("report", "--format", "xls"), "--format xls: expected one of table, csv, md, json, parquet, html"),
                           (("lsit",), "argument COMMAND: invalid choice: 'lsit'")):
         result = sweep(*args)
         assert result.returncode == 4, (args, result.stderr)

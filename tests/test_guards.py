@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sweepkit_plugins.guards import entropy_collapse, nonfinite_loss, reward_flat
+from sweepkit_plugins.guards import asks_at_least, entropy_collapse, nonfinite_loss, reward_flat
 from test_run import script_grid, started
 
 
@@ -65,4 +65,58 @@ def test_an_unknown_guard_is_refused_naming_it(cpu_sweeper):
     script_grid(cpu_sweeper, "g", "", guards=["entropy_colapse"])
     result = cpu_sweeper.run("run", "--dry-run")
     assert result.ret == 4
-    assert "guards: unknown 'entropy_colapse'; known: nonfinite_loss, entropy_collapse, reward_flat" in result.stderr
+    assert ("guards: unknown 'entropy_colapse'; known: nonfinite_loss, entropy_collapse, reward_flat, "
+            "ceiling_probe") in result.stderr
+
+
+PROBE = '''
+import json, os, sys, time
+config = json.loads(open(os.environ["SWEEP_CONFIG"]).read())
+with open(os.environ["SWEEP_METRICS"], "a") as metrics:
+    for step in range(1, config["steps"] + 1):
+        time.sleep(config["sleep"])
+        metrics.write(json.dumps({"kind": "train", "step": step, "timing/step": 1.0}) + "\\n")
+        metrics.flush()
+        if step == config["steps"] and config["gpu_memory_utilization"] >= 0.9:
+            sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+'''
+
+
+def test_asks_at_least_follows_the_direction_the_failed_probe_moved():
+    failed = {"config": {"gmu": 0.9, "tp": 2, "model": "m"}, "diff": {"gmu": [0.8, 0.9]}}
+    assert asks_at_least({"gmu": 0.95, "tp": 2, "model": "m"}, failed) == "gmu=0.95 > 0.9"
+    assert asks_at_least({"gmu": 0.9, "tp": 2, "model": "m"}, failed) == "gmu=0.9"
+    assert asks_at_least({"gmu": 0.85, "tp": 2, "model": "m"}, failed) is None  # asks less
+    assert asks_at_least({"gmu": 0.95, "tp": 4, "model": "m"}, failed) is None  # another setting
+    shrunk = {"config": {"tp": 2, "model": "m"}, "diff": {"tp": [4, 2]}}
+    assert asks_at_least({"tp": 1, "model": "m"}, shrunk) == "tp=1 < 2"
+    assert asks_at_least({"tp": 8, "model": "m"}, shrunk) is None
+    bigger = {"config": {"model": "32b"}, "diff": {"model": ["7b", "32b"]}}
+    assert asks_at_least({"model": "72b"}, bigger) is None  # names are only ever the same
+
+
+def test_a_probe_whose_ceiling_already_failed_is_stopped_and_says_which(cpu_sweeper):
+    program = cpu_sweeper.write("probe.py", PROBE)
+    cpu_sweeper.grid("g", f"""
+        import sweepkit as sk
+        target = sk.command("{{python}}", {str(program)!r})
+        base = sk.base(steps=4, sleep=0.25, gpu_memory_utilization=0.8)
+        gmu090 = sk.cell(gpu_memory_utilization=0.9, marks=sk.mark.xfail(reason="OOMs"))
+        gmu095 = sk.cell(gpu_memory_utilization=0.95, marks=sk.mark.xfail(reason="OOMs"))
+    """)
+    result = cpu_sweeper.run("run", "-k", "not base")
+    assert result.ret == 0, result  # every probe failed as expected
+    rule = "ceiling probe: grids/g.py::gmu090 already failed OOM as expected, and this cell asks at least as much"
+    assert f"STOPPING      grids/g.py::gmu095  guard: {rule} (gpu_memory_utilization=0.95 > 0.9)" in result.stdout
+    stopped = json.loads((cpu_sweeper.path / "runs/g/gmu095/state.json").read_text())["attempts"][-1]
+    assert stopped["failure_class"] == "GUARD" and stopped["failure"].startswith(f"guard: {rule}")
+    steps = (cpu_sweeper.path / "runs/g/gmu095/metrics.jsonl").read_text().splitlines()
+    assert len(steps) < 4  # stopped before the step at which it would have hit the ceiling
+    # the probe that ran to its ceiling (a probe differing elsewhere would too: asks_at_least)
+    assert len((cpu_sweeper.path / "runs/g/gmu090/metrics.jsonl").read_text().splitlines()) == 4
+    status = {line.split()[0]: line for line in cpu_sweeper.run("status").stdout.splitlines() if line.split()}
+    assert "XFAIL (GUARD: guard: ceiling probe: grids/g.py::gmu090" in status["grids/g.py::gmu095"]
+    assert "XFAIL (OOM" in status["grids/g.py::gmu090"]
+    report = json.loads(cpu_sweeper.run("report", "--format", "json").stdout)
+    failure = {row["cell"]: row["failure"] for row in report["tables"]["throughput"]}
+    assert failure["gmu095"].startswith(f"XFAIL (GUARD: guard: {rule}") and failure["gmu090"].startswith("XFAIL (OOM")

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import polars as pl
 import pytest
 
-from sweepkit.html_report import BOTTOM, CURVES, LEFT, PALETTE, RIGHT, TOP, svg_chart, write_page
+from sweepkit.html_report import BOTTOM, CURVES, LEFT, MAX_POINTS, PALETTE, RIGHT, TOP, svg_chart, thin, write_page
 from sweepkit.report import TABLES
 
 ODD = "odd<&>\"name'"
@@ -175,6 +175,36 @@ def test_polylines_match_the_data_and_fit_the_viewbox(page):
     for svg in svgs:
         legend = "".join(svg["text"])
         assert "base" in legend and "fast" in legend and ODD in legend
+
+
+def test_long_curves_are_thinned_to_a_small_page_that_keeps_the_last_point_and_the_max(tmp_path):
+    cells, steps = 100, 10_000
+    # a slow wave; in cell c7 one spike at step 6,543 that a plain every-20th-point sample
+    # would miss; every last step sits below its neighbours
+    long = pl.DataFrame({"cell": [f"c{index}" for index in range(cells)]}).join(
+        pl.DataFrame({"step": pl.int_range(1, steps + 1, eager=True)}), how="cross")
+    wave = (pl.col("step") * 0.001 + pl.col("cell").str.slice(1).cast(pl.Int64)).sin() * 0.1 + 0.5
+    long = long.with_columns(
+        pl.when((pl.col("cell") == "c7") & (pl.col("step") == 6543)).then(1.0)
+        .when(pl.col("step") == steps).then(0.3).otherwise(wave).alias("reward/mean"),
+        (2.0 - pl.col("step") / steps).alias("policy/entropy"), pl.lit(1.0).alias("timing/step"),
+        pl.lit(None, dtype=pl.Float64).alias("eval/pass_at_k"))
+    names = [f"c{index}" for index in range(cells)]
+    path = write_page(tmp_path / "index.html", grid="g", tables=tables_for(names), steps=long,
+                      diffs=dict.fromkeys(names, ""))
+    # unthinned, the three charts' 3 x 100 x 10,000 points would take some 30 MB
+    assert path.stat().st_size < 2_500_000
+    reward = Page(path.read_text(encoding="utf-8")).svgs[0]
+    spiked = [tuple(map(float, pair.split(","))) for pair in reward["polylines"]["c7"].split()]
+    assert len(spiked) <= MAX_POINTS
+    assert spiked[-1][0] == 480 - RIGHT  # the last step is drawn, at the right edge
+    assert min(y for _, y in spiked) == TOP  # the spike (1.0), the chart's max, is drawn at the top
+    kept = thin(long.filter(pl.col("cell") == "c7"), "reward/mean")
+    assert kept.height <= MAX_POINTS and kept["step"].is_sorted()
+    assert kept.row(-1) == ("c7", steps, 0.3) and (6543, 1.0) in kept.select("step", "reward/mean").rows()
+    assert kept["reward/mean"].min() == long.filter(pl.col("cell") == "c7")["reward/mean"].min()
+    short = steps_frame()
+    assert thin(short, "reward/mean").height == short.filter(pl.col("reward/mean").is_finite()).height
 
 
 def test_a_missing_metric_leaves_its_chart_out_with_a_note(tmp_path):

@@ -7,6 +7,11 @@ import json
 from sweepkit import metrics
 
 
+def rows(directory) -> list[dict]:
+    """The cell's per-step frame (the one reader's), as dicts."""
+    return metrics.scan(directory).collect().to_dicts()
+
+
 def mirror(kind: str, step: int, **values) -> str:
     return f"WANDB_MIRROR kind={kind} step={step} metrics={json.dumps(values)}\n"
 
@@ -19,7 +24,7 @@ def test_stdout_lines_with_noise_and_a_cut_last_line(tmp_path):
         + mirror("eval", 2, **{"eval/pass_at_k": 0.5})
         + 'WANDB_MIRROR kind=train step=3 metrics={"timing/st'
     )
-    records = metrics.read_records(tmp_path)
+    records = rows(tmp_path)
     assert [(r["kind"], r["step"]) for r in records] == [("train", 1), ("train", 2), ("eval", 2)]
     assert records[1]["reward/mean"] == 0.2
     summary = metrics.summary(tmp_path)
@@ -33,7 +38,7 @@ def test_metrics_jsonl_is_preferred_and_repeated_steps_keep_the_last(tmp_path):
              # a resumed run repeats step 2 after its checkpoint at step 1
              {"kind": "train", "step": 2, "reward/mean": 0.25}, {"kind": "info", "step": 0, "model": "x"}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"kind": "tr')
-    records = metrics.read_records(tmp_path)
+    records = rows(tmp_path)
     assert [(r["kind"], r["step"], r.get("reward/mean")) for r in records] == [
         ("info", 0, None), ("train", 1, 0.1), ("train", 2, 0.25)]
     assert metrics.source(tmp_path)[0] == "jsonl"
@@ -62,7 +67,7 @@ def test_a_record_whose_step_is_no_integer_is_left_out_and_named(tmp_path):
              {"kind": "train", "step": True, "reward/mean": 0.6}, {"kind": 3, "step": 2},
              {"kind": "train", "step": 2, "reward/mean": 0.2}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    records = metrics.read_records(tmp_path)
+    records = rows(tmp_path)
     assert [(r["kind"], r["step"]) for r in records] == [("train", 1), ("train", 2)]
     assert metrics.summary(tmp_path).step == 2
     problems = metrics.bad_lines(tmp_path)

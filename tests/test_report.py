@@ -250,3 +250,63 @@ def test_the_report_writes_one_html_page_with_the_curves(reported):
     for cell in ("base", "faster", "mirror_only", "broken"):
         assert cell in page
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+PLUGIN = '''
+import polars as pl
+import sweepkit as sk
+from sweepkit.renderers import ReportFormat, ReportTable
+
+
+def _fastest(frames):
+    train = frames.steps.filter(pl.col("kind") == "train")
+    best = train.group_by("cell").agg(pl.col("timing/step").min().alias("fastest_step_s"))
+    return frames.cells.select("cell").join(best, on="cell", how="left", maintain_order="left")
+
+
+def _write_ssv(report):
+    path = report.report_dir / "fastest.ssv"
+    path.write_text(report.tables["fastest"].write_csv(separator=";"))
+    return [path]
+
+
+def _show_ssv(report, console):
+    for name, frame in report.shown_tables().items():
+        console.print(f"# {name}", markup=False)
+        console.print(frame.write_csv(separator=";"), markup=False, end="")
+
+
+@sk.hookimpl
+def sweep_register_report_tables(register):
+    register("fastest", ReportTable(build=_fastest, doc="each cell's fastest step"))
+
+
+@sk.hookimpl
+def sweep_register_report_formats(register):
+    register("ssv", ReportFormat(write=_write_ssv, show=_show_ssv, always=False, doc="semicolon-separated"))
+'''
+
+
+def test_a_plugin_adds_a_table_and_a_format(reported):
+    sweeper, _ = reported
+    sweeper.write("fastest_plugin.py", PLUGIN)
+    result = sweeper.run("-p", "fastest_plugin", "report", "--format", "ssv", "--table", "fastest")
+    assert result.ret == 0, result
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# fastest" and lines[1] == "cell;fastest_step_s"
+    # cell_program's steps take t x (1 + 0.01 step) after a 4 t first one: the fastest is step 2
+    fastest = {line.split(";")[0]: float(line.split(";")[1]) for line in lines[2:6]}
+    assert fastest == pytest.approx({"base": 1.02, "faster": 0.51, "mirror_only": 1.02, "broken": 1.02})
+    report_dir = sweeper.path / "runs" / "g" / "report"
+    assert (report_dir / "fastest.ssv").read_text().startswith("cell;fastest_step_s\nbase;1.02")
+    # every format shows every table: the plugin's table is a file and a section of the page
+    assert pl.read_parquet(report_dir / "fastest.parquet")["cell"].to_list() == ["base", "faster", "mirror_only",
+                                                                                "broken"]
+    assert "<h3>fastest</h3>" in (report_dir / "index.html").read_text()
+    unknown = sweeper.run("-p", "fastest_plugin", "report", "--format", "xlsx")
+    assert unknown.ret == 4
+    assert "--format xlsx: expected one of table, csv, md, json, parquet, html, ssv" in unknown.stderr
+    assert "--table nope: expected one of throughput, accuracy, fastest" in sweeper.run(
+        "-p", "fastest_plugin", "report", "--table", "nope").stderr
+    # without the plugin its format is not known, and its files are not written again
+    assert "expected one of table, csv, md, json, parquet, html (" in sweeper.run("report", "--format", "ssv").stderr

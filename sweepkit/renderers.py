@@ -1,0 +1,290 @@
+"""What ``sweep report`` makes of a grid's frames: its tables and its formats, registered.
+
+A table is a polars query over a grid's frames (:class:`sweepkit.report.GridFrames`); a
+format writes files under ``runs/<grid>/report/`` and prints on stdout. Both are
+registered through hooks (:func:`sweepkit.hookspec.sweep_register_report_tables`,
+:func:`sweepkit.hookspec.sweep_register_report_formats`), as executors are, and this
+module is the core's own plugin that registers the built-in ones:
+
+- tables ``throughput`` and ``accuracy`` (``sweepkit.report`` says how each number is made);
+- formats ``table`` (fitted to the terminal; prints only), ``md`` (markdown), ``csv`` (one
+  table, ``--table``, on stdout), ``json`` (one document a grid; its files are written only
+  when asked for), ``parquet`` and ``html`` (one self-contained page, ``sweepkit.html_report``).
+  Every format's files but json's are written on every report; ``--format`` picks what is printed.
+
+polars is imported only by the functions that run while a report is made: this module is
+loaded by every ``sweep`` command.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from rich.console import Console
+from rich.text import Text
+
+from sweepkit.errors import UsageError
+from sweepkit.hookspec import hookimpl
+from sweepkit.progress import status_text
+from sweepkit.tables import Column, print_table
+
+STASH_KEY = "report.registry"
+
+
+@attrs.frozen(kw_only=True)
+class ReportTable:
+    """``build(frames)`` returns a LazyFrame with a ``cell`` column, a row a cell, from a
+    :class:`sweepkit.report.GridFrames`; the report collects every table at once."""
+
+    build: Callable[[Any], Any]
+    doc: str = ""
+
+    @classmethod
+    def of_columns(cls, columns: tuple[str, ...], doc: str = "") -> "ReportTable":
+        """A table of columns of the per-cell frame (:attr:`GridFrames.cells`)."""
+        return cls(build=lambda frames: frames.cells.select(columns), doc=doc)
+
+
+@attrs.frozen(kw_only=True)
+class GridReport:
+    """One grid's report as the formats get it: ``tables`` every registered table (polars
+    DataFrames, by name), ``shown`` the names ``--table`` asked for (all by default),
+    ``steps`` the per-step frame of the curves (``cell``, ``kind``, ``step`` and the
+    metrics of ``sweepkit.html_report.CURVES``), ``diffs`` cell -> its diff against base."""
+
+    grid: str
+    heading: str
+    tables: Mapping[str, Any]
+    shown: tuple[str, ...]
+    steps: Any
+    diffs: Mapping[str, str]
+    report_dir: Path
+
+    def shown_tables(self) -> dict[str, Any]:
+        return {name: self.tables[name] for name in self.shown}
+
+
+@attrs.frozen(kw_only=True)
+class ReportFormat:
+    """``write(report)`` writes its files into ``report.report_dir`` and returns their paths;
+    ``show(report, console)`` prints the format on stdout. ``always``: the files are written
+    on every report, not only under ``--format`` this one. ``data_only``: stdout holds data
+    alone (what was written is said on stderr). ``one_table``: it prints one table, so
+    ``--table`` is needed."""
+
+    write: Callable[[GridReport], list[Path]] | None = None
+    show: Callable[[GridReport, Console], None] | None = None
+    always: bool = True
+    data_only: bool = False
+    one_table: bool = False
+    doc: str = ""
+
+
+@attrs.define
+class ReportRegistry:
+    tables: dict[str, ReportTable] = attrs.field(factory=dict)
+    formats: dict[str, ReportFormat] = attrs.field(factory=dict)
+
+    def register_table(self, name: str, table: ReportTable) -> None:
+        _check("report table", name, table, ReportTable, self.tables)
+        self.tables[name] = table
+
+    def register_format(self, name: str, fmt: ReportFormat) -> None:
+        _check("report format", name, fmt, ReportFormat, self.formats)
+        self.formats[name] = fmt
+
+
+def _check(kind: str, name: str, value, expected: type, known: dict) -> None:
+    if name in known:
+        raise UsageError(f"{kind} {name!r} is registered twice")
+    if not isinstance(value, expected):
+        raise UsageError(f"{kind} {name!r}: expected a sweepkit.renderers.{expected.__name__}, got {value!r}")
+
+
+def report_registry(session) -> ReportRegistry:
+    """The tables and formats every plugin registered, asked for once a session."""
+    registry = session.stash.get(STASH_KEY)
+    if registry is None:
+        registry = session.stash[STASH_KEY] = ReportRegistry()
+        hook = session.pm.hook
+        hook.sweep_register_report_tables.call_historic(kwargs={"register": registry.register_table})
+        hook.sweep_register_report_formats.call_historic(kwargs={"register": registry.register_format})
+    return registry
+
+
+# -- files ------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(temp)``, then the temp file renamed to ``path``: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    write(temp)
+    temp.replace(path)
+    return path
+
+
+def table_files(extension: str, write: Callable[[Any, Path], Any]) -> Callable[[GridReport], list[Path]]:
+    """A ``write`` of one file per table: ``<table>.<extension>``."""
+    def write_all(report: GridReport) -> list[Path]:
+        return [write_atomic(report.report_dir / f"{name}.{extension}", lambda path, frame=frame: write(frame, path))
+                for name, frame in report.tables.items()]
+    return write_all
+
+
+def to_markdown(frame) -> str:
+    def cell(value) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "|".join("---" for _ in frame.columns) + "|"]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in frame.iter_rows()]
+    return "\n".join(lines) + "\n"
+
+
+def _write_page(report: GridReport) -> list[Path]:
+    from sweepkit.html_report import write_page
+
+    return [write_page(report.report_dir / "index.html", grid=report.grid, tables=report.tables,
+                       steps=report.steps, diffs=report.diffs, heading=report.heading)]
+
+
+# -- stdout -----------------------------------------------------------------------------
+
+
+def _show_json(report: GridReport, console: Console) -> None:
+    console.print(json.dumps({"grid": report.grid, "heading": report.heading,
+                              "tables": {name: frame.to_dicts() for name, frame in report.shown_tables().items()}}),
+                  markup=False, soft_wrap=True)
+
+
+def _show_csv(report: GridReport, console: Console) -> None:
+    for frame in report.shown_tables().values():
+        console.print(frame.write_csv(), markup=False, end="", soft_wrap=True)
+
+
+def _show_markdown(report: GridReport, console: Console) -> None:
+    console.print(f"{report.grid}: {report.heading}", markup=False)
+    for name, frame in report.shown_tables().items():
+        console.print(f"## {report.grid}: {name}\n", markup=False)
+        console.print(to_markdown(frame), markup=False)
+
+
+def _show_screen(report: GridReport, console: Console) -> None:
+    console.print(f"{report.grid}: {report.heading}", markup=False, style="bold")
+    for name, frame in report.shown_tables().items():
+        # Columns no cell has a value in (no eval, no timing breakdown) are left out on
+        # screen; the files keep every column.
+        shown = frame.select(column for column in frame.columns
+                             if column in ("cell", "status") or frame[column].null_count() < frame.height)
+        print_screen_table(console, f"{report.grid}: {name}", shown)
+
+
+# How each column of the tables shows on screen (the files keep the full names): a short
+# header, and at a narrow width the diff and failure cut, then the columns of least use
+# left out, lowest ``drop`` first (the diff before the timing split: a cell's id mostly
+# says what it changes). A column not named here (a plugin's table) shows under its name.
+SCREEN = {
+    "cell": Column(header="cell"),
+    "status": Column(header="status"),
+    "steps": Column(header="steps", justify="right"),
+    "sec_per_step": Column(header="s/step", justify="right"),
+    "delta_vs_base_pct": Column(header="vs base", justify="right"),
+    "tok_per_s": Column(header="tok/s", justify="right", drop=7),
+    "gen_frac": Column(header="gen", justify="right", drop=6),
+    "train_frac": Column(header="train", justify="right", drop=5),
+    "sync_frac": Column(header="sync", justify="right", drop=2),
+    "ref_frac": Column(header="ref", justify="right", drop=1),
+    "teacher_frac": Column(header="teacher", justify="right", drop=6),
+    "kl_first": Column(header="kl first", justify="right", drop=6),
+    "kl_last": Column(header="kl last", justify="right"),
+    "memory_peak_gb": Column(header="mem GB", justify="right", drop=3),
+    "timed_steps": Column(header="n", justify="right", drop=4),
+    "sec_per_step_sd": Column(header="±sd", justify="right", drop=3),
+    "bottleneck": Column(header="bound", justify="right"),
+    "gpu_hours": Column(header="GPU h", justify="right", drop=4),
+    "note": Column(header="note", floor=16, drop=5),
+    "pass_at_k_best": Column(header="best@k", justify="right", drop=4),
+    "pass_at_k_best_step": Column(header="at", justify="right", drop=3),
+    "pass_at_k_per_gpu_hour": Column(header="@k/GPU h", justify="right", drop=3),
+    "entropy_first": Column(header="ent first", justify="right", drop=2),
+    "entropy_last": Column(header="ent last", justify="right", drop=4),
+    "entropy_collapse": Column(header="collapse", justify="right"),
+    "logratio_max": Column(header="max logr", justify="right", drop=1),
+    "reward_first": Column(header="rew first", justify="right", drop=6),
+    "reward_last": Column(header="rew last", justify="right"),
+    "pass_at_1": Column(header="pass@1", justify="right", drop=3),
+    "pass_at_k": Column(header="pass@k", justify="right"),
+    "eval_k": Column(header="k", justify="right", drop=2),
+    "entropy_min": Column(header="min ent", justify="right", drop=5),
+    "grad_norm_max": Column(header="max grad", justify="right", drop=1),
+    "diff": Column(header="diff", floor=16, drop=4),
+    "failure": Column(header="failure", floor=16),
+}
+# Shares of the step's time, shown as percentages.
+FRACTIONS = ("gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac")
+# Columns only some runs have (OPD's teacher): left out of a printed table where every row is empty.
+OPTIONAL = ("teacher_frac", "kl_first", "kl_last")
+
+
+def _screen_value(column: str, value) -> Text:
+    if value is None:
+        return Text("")
+    if column == "status":
+        return status_text(value)
+    if column == "delta_vs_base_pct":
+        return Text(f"{value:+.1f}%")
+    if column == "entropy_collapse":
+        return Text("COLLAPSED", style="bold red") if value else Text("no")
+    if column == "bottleneck":
+        return Text(value.removesuffix("-bound"))
+    if column in FRACTIONS:
+        return Text(f"{value:.0%}")
+    if isinstance(value, float):
+        return Text(f"{value:.4g}")
+    return Text(str(value))
+
+
+def print_screen_table(console: Console, title: str, frame) -> None:
+    """One report table fitted to the console (``sweepkit.tables``), a line a cell."""
+    frame = frame.drop([name for name in OPTIONAL if name in frame.columns and frame[name].is_null().all()])
+    columns = [SCREEN.get(name, Column(header=name)) for name in frame.columns]
+    rows = [[_screen_value(column, value) for column, value in row.items()] for row in frame.iter_rows(named=True)]
+    dropped = print_table(console, columns, rows, title=title)
+    if dropped:
+        console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (the files written have them)",
+                      style="dim", markup=False)
+
+
+# -- the built-in registrations -----------------------------------------------------------
+
+
+# tryfirst: the built-in ones come first in the tables' and the formats' order.
+@hookimpl(tryfirst=True)
+def sweep_register_report_tables(register):
+    from sweepkit.report import BUILTIN_TABLES
+
+    for name, table in BUILTIN_TABLES.items():
+        register(name, table)
+
+
+@hookimpl(tryfirst=True)
+def sweep_register_report_formats(register):
+    register("table", ReportFormat(show=_show_screen, doc="the tables fitted to the terminal (prints only)"))
+    register("csv", ReportFormat(write=table_files("csv", lambda frame, path: frame.write_csv(path)),
+                                 show=_show_csv, data_only=True, one_table=True, doc="one table as CSV (--table)"))
+    register("md", ReportFormat(write=table_files("md", lambda frame, path: Path(path).write_text(to_markdown(frame))),
+                                show=_show_markdown, doc="markdown tables"))
+    register("json", ReportFormat(write=table_files("json", lambda frame, path: frame.write_json(path)),
+                                  show=_show_json, always=False, data_only=True,
+                                  doc="one JSON document a grid (its files only when asked for)"))
+    register("parquet", ReportFormat(write=table_files("parquet", lambda frame, path: frame.write_parquet(path)),
+                                     doc="parquet files (prints what was written)"))
+    register("html", ReportFormat(write=_write_page, doc="one self-contained page with the curves (index.html)"))
