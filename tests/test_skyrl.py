@@ -1,6 +1,8 @@
 """The SkyRL target: Hydra overrides from a cell's diff, appended to the command on every
-executor (a stand-in ``skyrl_train`` entry point records the argv it got), fresh and
-resumed, and listed in the job scripts of a cluster's dry run."""
+executor (stand-in ``skyrl_train`` and ``skyrl.train`` entry points record the argv they got),
+fresh and resumed, in the syntax of the cell's layout, and listed in the job scripts of a
+cluster's dry run with the layout the cell got. The check against SkyRL's own config is in
+test_skyrl_schema.py."""
 
 from __future__ import annotations
 
@@ -17,14 +19,16 @@ from test_jupiter import RULES_GRID, collected_cells
 from test_slurm_executor import DEADLINE_S, cluster, on_cluster  # noqa: F401 (cluster: a fixture)
 
 # Stands in for SkyRL's entry point: records its arguments, leaves a checkpoint and fails on
-# a fresh run (so the next run can --resume), succeeds on a resumed one.
+# a fresh run (so the next run can --resume), succeeds on a resumed one. Either layout: the
+# fork's arguments start with '++', upstream's do not.
 STAND_IN = '''
 import json, os, sys
 with open(os.path.join(os.environ["SWEEP_CELL_DIR"], "argv.jsonl"), "a") as seen:
     seen.write(json.dumps(sys.argv[1:]) + "\\n")
-ckpt = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("++trainer.ckpt_path=")),
+args = [arg.lstrip("+") for arg in sys.argv]
+ckpt = next((arg.split("=", 1)[1] for arg in args if arg.startswith("trainer.ckpt_path=")),
             os.environ["SWEEP_CKPT_DIR"])
-if "++trainer.resume_mode=latest" not in sys.argv:
+if "trainer.resume_mode=latest" not in args:
     os.makedirs(os.path.join(ckpt, "global_step_1"))
     sys.exit("stand-in: stopped after step 1")
 '''
@@ -36,16 +40,24 @@ base = sk.base(model="Qwen/Qwen2.5-1.5B-Instruct", lr=1e-6)
 tuned = sk.cell(lr=3e-6, **{"generator.sampling_params.temperature": 1.0},
                 hydra_overrides=["++trainer.enable_db_registration=false"])
 '''
+UPSTREAM_GRID = (GRID.replace("skyrl_train.entrypoints", "skyrl.train.entrypoints")
+                 .replace("++trainer.enable_db_registration=false", "trainer.logger=console"))
 
 TUNED = ["++trainer.policy.optimizer_config.lr=3e-06", "++generator.sampling_params.temperature=1.0"]
 USER = ["++trainer.enable_db_registration=false"]
+NOT_CHECKED = ("the overrides of SkyRL cells of the {layout} layout were not checked against SkyRL's config: it "
+               "cannot be imported here (No module named '{module}'); install its config code where sweep runs "
+               "to check them (README, SkyRL)")
 
 
 def stand_in_project(sweeper: Sweeper) -> None:
-    # The project dir is on the cells' PYTHONPATH (see conftest), so `-m` finds the package.
-    sweeper.write("skyrl_train/__init__.py", "")
-    sweeper.write("skyrl_train/entrypoints/__init__.py", "")
-    sweeper.write("skyrl_train/entrypoints/main_base.py", textwrap.dedent(STAND_IN))
+    # The project dir is on the cells' PYTHONPATH (see conftest), so `-m` finds the packages;
+    # the driver finds them too, before an installed SkyRL: packages without config code.
+    for path in ("skyrl_train/__init__.py", "skyrl_train/entrypoints/__init__.py", "skyrl/__init__.py",
+                 "skyrl/train/__init__.py", "skyrl/train/entrypoints/__init__.py"):
+        sweeper.write(path, "")
+    for package in ("skyrl_train", "skyrl/train"):
+        sweeper.write(f"{package}/entrypoints/main_base.py", textwrap.dedent(STAND_IN))
     sweeper.grid("agentic", GRID)
     sweeper.env.update({"CUDA_VISIBLE_DEVICES": "", "CHECKPOINTS_DIR": "", "SWEEP_CLUSTER": ""})
 
@@ -65,6 +77,69 @@ def test_the_entry_point_gets_the_overrides_fresh_then_resumed(sweeper, executor
     # An unset resume mode still reaches SkyRL explicitly: null fresh, latest on --resume.
     assert seen_argv(sweeper, "tuned") == [TUNED + ["++trainer.resume_mode=null"] + USER,
                                            TUNED + ["++trainer.resume_mode=latest"] + USER]
+    # The stand-in package has no config code: the run goes on, and says what was not checked.
+    assert (f"note: {NOT_CHECKED.format(layout='fork', module='skyrl_train.config')}" in fresh.output.splitlines()
+            and "error" not in fresh.output), fresh
+
+
+def test_an_upstream_command_gets_plain_overrides_fresh_then_resumed(sweeper):
+    # Upstream's entry point parses 'path=value' with SkyRLTrainConfig.from_cli_overrides,
+    # which refuses a '+' prefix; the engine settings are under generator.inference_engine.
+    stand_in_project(sweeper)
+    sweeper.grid("agentic", UPSTREAM_GRID + "engines = sk.cell(num_inference_engines=2, inference_tp=2)\n")
+    for cell in ("tuned", "engines"):
+        fresh = sweeper.run("run", f"grids/agentic.py::{cell}", "--executor", "local")
+        assert fresh.ret != 0 and "stand-in: stopped after step 1" in fresh.output, fresh
+        assert f"note: {NOT_CHECKED.format(layout='upstream', module='skyrl.train.config')}" in fresh.output, fresh
+        assert sweeper.run("run", f"grids/agentic.py::{cell}", "--executor", "local", "--resume").ret == 0
+    plain = [arg.removeprefix("++") for arg in TUNED]
+    assert seen_argv(sweeper, "tuned") == [plain + ["trainer.resume_mode=null", "trainer.logger=console"],
+                                           plain + ["trainer.resume_mode=latest", "trainer.logger=console"]]
+    engines = ["generator.inference_engine.num_engines=2", "generator.inference_engine.tensor_parallel_size=2"]
+    assert seen_argv(sweeper, "engines") == [engines + ["trainer.resume_mode=null"],
+                                             engines + ["trainer.resume_mode=latest"]]
+
+
+@pytest.mark.parametrize("entry_point, layout, expected", [
+    ("skyrl_train.entrypoints.main_base", "auto", ["++generator.num_inference_engines=2",
+                                                   "++generator.inference_engine_tensor_parallel_size=2"]),
+    ("skyrl.train.entrypoints.main_base", "auto", ["generator.inference_engine.num_engines=2",
+                                                   "generator.inference_engine.tensor_parallel_size=2"]),
+    # The launch key wins: a fork that took upstream's layout keeps its package name.
+    ("skyrl_train.entrypoints.main_base", "upstream", ["generator.inference_engine.num_engines=2",
+                                                       "generator.inference_engine.tensor_parallel_size=2"]),
+    ("skyrl.train.entrypoints.main_base", "fork", ["++generator.num_inference_engines=2",
+                                                   "++generator.inference_engine_tensor_parallel_size=2"]),
+])
+def test_the_layout_follows_the_entry_point_unless_the_launch_key_names_one(sweeper, entry_point, layout, expected):
+    sweeper.grid("layouts", f'''
+import sweepkit as sk
+target = sk.command("{{python}}", "-m", "{entry_point}")
+base = sk.base(num_inference_engines=4, inference_tp=1, resume_mode=None, skyrl_layout="{layout}")
+engines = sk.cell(num_inference_engines=2, inference_tp=2)
+''')
+    _, cells = collected_cells(sweeper)
+    chosen, _ = skyrl.layout_of(cells["engines"])
+    assert skyrl.hydra_overrides(cells["engines"])[:2] == expected
+    assert skyrl.sweep_cell_env(cell=cells["engines"], session=None) == {"SWEEP_SKYRL_LAYOUT": chosen.name}
+    assert chosen.name == (layout if layout != "auto" else "upstream" if "skyrl.train" in entry_point else "fork")
+
+
+def test_upstream_overrides_are_refused_with_a_plus(sweeper):
+    sweeper.grid("up", UPSTREAM_GRID.replace("lr=1e-6)", "lr=1e-6, resume_mode=None)")
+                 + 'forced = sk.cell(hydra_overrides=["++trainer.logger=console"])\n')
+    result = sweeper.run("run", "--dry-run", "--executor", "debug", "--cluster", "none")
+    assert result.ret != 0 and "nothing was run" in result.output, result
+    assert ("grids/up.py:6: forced: hydra_overrides: '++trainer.logger=console' is not an override upstream "
+            "SkyRL takes; write 'section.key=value'") in result.output, result
+
+
+def test_the_job_script_says_which_layout_the_cell_got(sweeper):
+    sweeper.grid("agentic", GRID.replace("lr=1e-6)", "lr=1e-6, resume_mode=None, num_gpus=4)"))
+    sweeper.grid("upstream", UPSTREAM_GRID.replace("lr=1e-6)", "lr=1e-6, resume_mode=None, num_gpus=4)"))
+    for grid, layout in (("agentic", "fork"), ("upstream", "upstream")):
+        rendered = ok(dry_run(sweeper, "jupiter", f"grids/{grid}.py::tuned"))
+        assert f"#   env:     SWEEP_SKYRL_LAYOUT={layout}" in rendered.text(f"{grid}_tuned.sbatch").splitlines()
 
 
 def test_resume_from_checkpoints_under_the_checkpoint_root(sweeper):
