@@ -263,12 +263,20 @@ def setting(cell, *names: str, default=None):
     return default
 
 
+def target_default(cell, key: str, default=None):
+    """The default the cell's target declares for ``key`` in its schema, else ``default``."""
+    schema = cell.target.schema or {}
+    return schema[key]["default"] if key in schema else default
+
+
 def gpu_budget(cell) -> int:
     """GPUs the cell's layout occupies: policy + reference + inference engines x TP, plus
     a separately served teacher.
 
     With ``colocate_all`` everything but the teacher shares the policy's GPUs, so the
-    budget is the largest of those three (plus the teacher's) instead of their sum.
+    budget is the largest of those three (plus the teacher's) instead of their sum. A
+    cell that does not set it gets its target's default (the built-in trainer colocates:
+    its ``num_gpus`` processes each run their own engine).
     """
     launch = cell.launch()
     policy = launch.get("policy_num_gpus")
@@ -279,7 +287,8 @@ def gpu_budget(cell) -> int:
     ref = launch.get("ref_num_gpus") or 0
     teacher = int(launch.get("teacher_num_gpus") or 0)
     inference = int(engines) * int(tp)
-    if setting(cell, "colocate_all", "trainer.placement.colocate_all", default=False):
+    if setting(cell, "colocate_all", "trainer.placement.colocate_all",
+               default=target_default(cell, "colocate_all", False)):
         return max(int(policy), int(ref), inference) + teacher
     return int(policy) + int(ref) + inference + teacher
 

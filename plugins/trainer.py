@@ -188,7 +188,16 @@ def sweep_validate_cell(cell, session):
             except ConfigError:
                 continue
     try:
-        TrainerConfig.from_dict(values, source="trainer")
+        cfg = TrainerConfig.from_dict(values, source="trainer")
     except ConfigError as exc:
         return [line.removeprefix("trainer: ") for line in str(exc).splitlines()]
+    return gpu_count_errors(cfg, cell.launch().get("gpus"))
+
+
+def gpu_count_errors(cfg: TrainerConfig, gpus) -> list[str]:
+    """A cell that hands its job fewer GPUs (``gpus``) than the trainer starts processes on
+    (``num_gpus``, one per GPU; a cluster's request follows ``num_gpus`` itself)."""
+    if cfg.device != "cpu" and gpus and cfg.num_gpus > gpus:
+        return [f"num_gpus={cfg.num_gpus} but gpus={gpus}: the trainer starts one process per GPU of num_gpus "
+                f"and needs that many; set gpus={cfg.num_gpus}"]
     return []

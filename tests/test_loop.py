@@ -348,13 +348,13 @@ def old_logprobs_of(model, batch, cfg):
     return scorer.score(batch)
 
 
-def rollout_for(model, tokenizer, cfg):
+def rollout_for(model, tokenizer, cfg, prompts=("1 2 3 4", "0 0", "4 3 2")):
     from trainer.batch import Batch
     from trainer.losses import group_advantages
     from trainer.rollout import SamplingParams
     from trainer.rollout.hf import HFEngine
 
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("1 2 3 4", "0 0", "4 3 2")]
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompts]
     n = cfg.n_samples_per_prompt
     generation = HFEngine(model, tokenizer, device="cpu").generate(
         prompts, SamplingParams(n=n, max_new_tokens=cfg.max_generate_length, seed=5))

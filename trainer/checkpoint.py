@@ -5,8 +5,8 @@ Layout of ``<ckpt-dir>``::
     global_step_N/            one complete checkpoint (appears only by an atomic rename)
       model.safetensors       policy weights
       optimizer.pt            AdamW + lr-scheduler state
-      rng.pt                  python, torch and cuda RNG states
-      trainer_state.json      step, prompt-sampler position, the run's config
+      rng.pt                  python, torch and cuda RNG states (of each rank, in a run of several)
+      trainer_state.json      step, prompt-sampler position, the run's config, its number of ranks
     latest                    "global_step_N", rewritten atomically after each complete write
     reference.safetensors     the frozen initial policy, written once when a KL loss needs it
     .tmp-global_step_N/       a write in progress; a leftover one is a killed write and is removed
@@ -17,6 +17,14 @@ into place, so ``global_step_N`` either exists complete or not at all; the
 ``latest`` marker moves only after that. A run killed during a write leaves a
 ``.tmp-*`` directory and the old marker, and resumes from the previous
 checkpoint.
+
+A run of several ranks (``trainer.parallel``) writes the same layout: every rank
+takes part in :func:`save` (the sharded optimizer state and each rank's RNG states
+are gathered) and rank 0 writes, from the full policy it keeps; the weights are
+those a one-device run writes. It resumes on as many ranks as it was saved by
+(``world_size`` in ``trainer_state.json``; 1 where absent): each rank's RNG states
+and its share of the prompts belong to that count, and :func:`check_world_size`
+names both counts when they differ.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from typing import Any, Optional
 import attrs
 import safetensors.torch
 import torch
+
+from trainer.parallel import SINGLE, Group
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 TEMP_PREFIX = ".tmp-"
@@ -108,19 +118,48 @@ def plan_start(ckpt_dir: Path, resume_mode: Optional[str]) -> Optional[Path]:
     raise CheckpointError(f"resume_mode: unknown value {resume_mode!r}")
 
 
-def save(ckpt_dir: Path, step: int, *, model, optimizer, scheduler, sampler_state: dict, config: dict) -> Path:
-    """Write ``global_step_<step>`` atomically and move the ``latest`` marker to it."""
+def check_world_size(path: Path, world: int) -> None:
+    """Raise :class:`CheckpointError` when the checkpoint at ``path`` was saved by another number of ranks."""
+    state_file = path / "trainer_state.json"
+    if not state_file.is_file():
+        return  # an incomplete checkpoint: load() names what is missing
+    saved = int(json.loads(state_file.read_text()).get("world_size", 1))
+    if saved != world:
+        raise CheckpointError(
+            f"{path} was saved by a run of {saved} process(es) and this run has {world} "
+            f"(num_gpus on CUDA, num_cpu_ranks on the CPU): a checkpoint resumes on the number of processes "
+            f"that saved it, whose RNG states and prompt shares it holds; set it back to {saved}")
+
+
+def save(ckpt_dir: Path, step: int, *, model, optimizer, scheduler, sampler_state: dict, config: dict,
+         group: Group = SINGLE) -> Path:
+    """Write ``global_step_<step>`` atomically and move the ``latest`` marker to it.
+
+    With a ``group`` of several ranks every rank calls it, ``optimizer`` gathers
+    the full state (``trainer.parallel.FullOptimizerState``) and ``model`` is the
+    full policy; rank 0 writes, and all return once it has.
+    """
+    states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    rng = group.gather_objects(_rng_state())
+    final = ckpt_dir / f"global_step_{step}"
+    if group.is_main:
+        state = {"step": step, "sampler": sampler_state, "config": config, "world_size": group.world}
+        _write(ckpt_dir, final, model=model, states=states, rng=rng[0] if len(rng) == 1 else {"per_rank": rng},
+               state=state)
+    group.barrier()
+    return final
+
+
+def _write(ckpt_dir: Path, final: Path, *, model, states: dict, rng: dict, state: dict) -> None:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    name = f"global_step_{step}"
-    final = ckpt_dir / name
+    name = final.name
     temp = ckpt_dir / f"{TEMP_PREFIX}{name}"
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
     # save_model handles tied embeddings, which save_file refuses as shared storage.
     safetensors.torch.save_model(model, str(temp / "model.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, temp / "optimizer.pt")
-    torch.save(_rng_state(), temp / "rng.pt")
-    state = {"step": step, "sampler": sampler_state, "config": config}
+    torch.save(states, temp / "optimizer.pt")
+    torch.save(rng, temp / "rng.pt")
     (temp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     _fsync_tree(temp)
     if final.exists():
@@ -133,20 +172,25 @@ def save(ckpt_dir: Path, step: int, *, model, optimizer, scheduler, sampler_stat
     else:
         os.replace(temp, final)
     write_atomic(ckpt_dir / LATEST, name + "\n")
-    return final
 
 
-def load(path: Path, *, model, optimizer, scheduler, device) -> Resumed:
-    """Restore model, optimizer, scheduler and RNG states from ``path``; return step and sampler state."""
+def load(path: Path, *, model, optimizer, scheduler, device, group: Group = SINGLE) -> Resumed:
+    """Restore model, optimizer, scheduler and RNG states from ``path``; return step and sampler state.
+
+    Every rank of a ``group`` loads: ``model`` is its full policy, ``optimizer`` takes
+    the full state and keeps its shard, and the RNG states are the rank's own.
+    """
     missing = [f for f in ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json")
                if not (path / f).is_file()]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+    check_world_size(path, group.world)
     safetensors.torch.load_model(model, str(path / "model.safetensors"), device=str(device))
     states = torch.load(path / "optimizer.pt", map_location=device, weights_only=True)
     optimizer.load_state_dict(states["optimizer"])
     scheduler.load_state_dict(states["scheduler"])
-    _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    _set_rng_state(rng["per_rank"][group.rank] if "per_rank" in rng else rng)
     state = json.loads((path / "trainer_state.json").read_text())
     return Resumed(step=int(state["step"]), sampler_state=state["sampler"], path=path)
 

@@ -6,6 +6,12 @@ checkpoints (``resume_mode=null``) exits 3 and deletes nothing. SIGTERM,
 SIGINT (Ctrl-C) or SIGUSR1 stops the run after its current step, with a
 checkpoint, and exits 128 + the signal (143 for SIGTERM, 130 for SIGINT); once
 the last step has run there is nothing to stop: the run ends complete, exit 0.
+
+A run of several processes (``num_gpus`` > 1 on CUDA, ``num_cpu_ranks`` > 1 on
+the CPU) is checked here once, then started as one process per rank
+(``trainer.parallel.launch``), each running this same command; the launcher
+passes stop signals on and exits with the ranks' code. Ranks other than 0 keep
+their messages to themselves (rank 0 speaks for the run).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_intermixed_args(argv)
     try:
         cfg = TrainerConfig.from_json(args.config, args.overrides)
@@ -56,32 +63,42 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     metrics = args.metrics or Path(os.environ.get("SWEEP_METRICS", "metrics.jsonl"))
 
-    from trainer import checkpoint
+    from trainer import checkpoint, parallel
     from trainer.rollout import BackendUnavailable, require_backend
 
+    stderr = sys.stderr if parallel.env_rank() == 0 else open(os.devnull, "w")
     try:
-        checkpoint.plan_start(args.ckpt_dir, cfg.resume_mode)
+        start_from = checkpoint.plan_start(args.ckpt_dir, cfg.resume_mode)
         require_backend(cfg.backend)
+        world = parallel.world_size(cfg)
+        parallel.check_layout(cfg, world)
+        if start_from is not None:
+            checkpoint.check_world_size(start_from, world)
     except checkpoint.CheckpointError as exc:
-        print(f"sweep-train: {exc}", file=sys.stderr)
+        print(f"sweep-train: {exc}", file=stderr)
         return EXIT_CHECKPOINT
     except BackendUnavailable as exc:
-        print(f"sweep-train: backend: {exc}", file=sys.stderr)
+        print(f"sweep-train: backend: {exc}", file=stderr)
         return EXIT_CONFIG
+    except ConfigError as exc:
+        print(f"sweep-train: bad config:\n{exc}", file=stderr)
+        return EXIT_CONFIG
+    if world > 1 and not parallel.started_as_rank():
+        return parallel.launch(argv, world)
 
     from trainer.data import DataError
     from trainer.loop import train
     from trainer.stopping import SIGNALS, Stopped
 
     try:
-        train(cfg, ckpt_dir=args.ckpt_dir, metrics_path=metrics)
+        train(cfg, ckpt_dir=args.ckpt_dir, metrics_path=metrics, stderr=stderr)
     except (ConfigError, DataError) as exc:  # only checkable against the data, model or machine
-        print(f"sweep-train: bad config or data:\n{exc}", file=sys.stderr)
+        print(f"sweep-train: bad config or data:\n{exc}", file=stderr)
         return EXIT_CONFIG
     except Stopped as stopped:
         where = (f"checkpointed in {args.ckpt_dir} (resume with resume_mode=latest)" if stopped.checkpointed
                  else "no step had run, nothing to checkpoint")
-        print(f"sweep-train: {stopped}; {where}", file=sys.stderr)
+        print(f"sweep-train: {stopped}; {where}", file=stderr)
         return stopped.exit_code
     # The run is complete, so a stop signal has nothing left to stop while the process
     # exits (a sweep's job follows the terminal's Ctrl-C with a SIGTERM a moment later).

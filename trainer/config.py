@@ -198,9 +198,13 @@ class TrainerConfig:
     inference_tp: int = attrs.field(default=1, validator=_positive, metadata=_doc(
         "tensor-parallel size of each rollout engine"))
     reshard_after_forward: bool = attrs.field(default=True, metadata=_doc(
-        "FSDP2 reshard_after_forward (multi-GPU policy)"))
+        "FSDP2 reshard_after_forward of the sharded policy (runs of more than one process)"))
     num_gpus: int = attrs.field(default=1, validator=_non_negative, metadata=_doc(
-        "GPUs the policy trains on (0 means CPU)"))
+        "GPUs of one node the policy trains on: one process per GPU, the policy sharded with "
+        "FSDP2, one rollout engine per process (0 means CPU)"))
+    num_cpu_ranks: int = attrs.field(default=1, validator=_positive, metadata=_doc(
+        "processes a CPU run trains on (gloo, the policy sharded with FSDP2): num_gpus's "
+        "counterpart without GPUs, for testing the multi-process path"))
     gradient_checkpointing: bool = attrs.field(default=False, metadata=_doc(
         "recompute activations in backward to save memory"))
     fused_logprobs: bool = attrs.field(default=True, metadata=_doc(

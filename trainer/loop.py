@@ -45,15 +45,20 @@ How it differs from the papers and SkyRL
   (mu) but not in the trainer's.
 * Later mini-batches of a step are off-policy by the earlier updates of the
   same step, which is what the clip is for.
-* One device: the policy is not sharded (no FSDP); multi-GPU knobs are
-  reported as inert at start.
+* Several GPUs of one node (``num_gpus``; ``num_cpu_ranks`` on the CPU) run
+  as one process each (``trainer.parallel``): the policy sharded with FSDP2,
+  every rank sampling its share of the step's groups with its own engine from
+  its own gathered copy of the weights, the losses normalised so that the
+  ranks' mean gradient is the one-device gradient (``trainer.update``);
+  metrics are reduced over the ranks, and rank 0 writes them and the
+  checkpoints. One process is exactly the one-device run.
 * ``policy/kl`` is the k3 estimate of KL(pi || pi_old) over the updates of
   the step (how far the step moved the policy); ``policy/ref_kl`` is the KL
   to the reference when ``use_kl_loss``; ``policy/entropy`` is measured in the
   update's forward passes.
 
 Determinism: the prompt order comes from the resumable sampler; every
-generation is seeded from (``seed``, step), and the RNG states are
+generation is seeded from (``seed``, step, rank), and the RNG states are
 checkpointed, so on CPU a resumed run repeats the uninterrupted one exactly.
 """
 
@@ -72,7 +77,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from trainer import checkpoint
+from trainer import checkpoint, parallel
 from trainer.advantages import advantages_for
 from trainer.batch import Batch
 from trainer.config import ConfigError, TrainerConfig
@@ -80,7 +85,7 @@ from trainer.data import PromptSampler
 from trainer.distill import Teacher
 from trainer.forward import PolicyScorer
 from trainer.losses import pass_at_k
-from trainer.metrics import MetricsLogger, ProgressBar, peak_memory_gb
+from trainer.metrics import MetricsLogger, ProgressBar, SilentLogger, peak_memory_gb
 from trainer.models import load_model_and_tokenizer
 from trainer.precision import MASTER_DTYPE, Precision
 from trainer.rollout import SamplingParams, engine_class, make_engine
@@ -92,12 +97,21 @@ EVAL_SEED_OFFSET = 1_000_003  # keeps eval samples apart from the training step'
 
 
 def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=None) -> dict:
-    """Run (or resume) one training run; returns the last train metrics."""
+    """Run (or resume) one training run, or this process's rank of one; returns the last train metrics."""
+    with parallel.process_group(cfg) as group:
+        return train_rank(cfg, group, ckpt_dir=ckpt_dir, metrics_path=metrics_path, stdout=stdout, stderr=stderr)
+
+
+def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_path, stdout=None,
+               stderr=None) -> dict:
     stderr = stderr or sys.stderr
     ckpt_dir = Path(ckpt_dir)
     start_from = checkpoint.plan_start(ckpt_dir, cfg.resume_mode)  # refuses before anything loads
-    for stale in checkpoint.remove_stale_writes(ckpt_dir):
-        print(f"sweep-train: removed {stale.name}, left by an interrupted checkpoint write", file=stderr)
+    if start_from is not None:
+        checkpoint.check_world_size(start_from, group.world)
+    if group.is_main:
+        for stale in checkpoint.remove_stale_writes(ckpt_dir):
+            print(f"sweep-train: removed {stale.name}, left by an interrupted checkpoint write", file=stderr)
     if cfg.resume_mode == "latest" and start_from is None:
         print(f"sweep-train: resume_mode=latest but {ckpt_dir} holds no checkpoint; starting fresh",
               file=stderr)
@@ -110,10 +124,8 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
     model, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype=MASTER_DTYPE)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    if cfg.fused_logprobs and device.type == "cuda":
-        model.fused_logprobs = True  # read by trainer.forward.response_logprobs
     backend = resolve_backend(cfg, model)
-    inert = inert_knobs(cfg, device, backend=backend)
+    inert = inert_knobs(cfg, device, backend=backend, world=group.world)
     if inert:
         shown = ", ".join(f"{key}={entry['value']!r}" for key, entry in inert.items())
         print(f"sweep-train: no effect in this run (backend={backend}, device={device.type}): {shown}",
@@ -123,7 +135,8 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
     total_steps = cfg.epochs * sampler.steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
-    print(f"sweep-train: {cfg.model} on {device} ({str(precision.compute).removeprefix('torch.')} compute, "
+    ranks = f" x {group.world} processes" if group.distributed else ""
+    print(f"sweep-train: {cfg.model} on {device}{ranks} ({str(precision.compute).removeprefix('torch.')} compute, "
           f"{backend} engine): {total_steps} steps of {cfg.train_batch_size} prompts x "
           f"{cfg.n_samples_per_prompt} samples, up to {cfg.max_generate_length} new tokens", file=stderr, flush=True)
     # The reference never trains: it is kept in the compute dtype.
@@ -131,27 +144,41 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
         else None
     teacher = Teacher(cfg, student_tokenizer=tokenizer, device=device, precision=precision) \
         if cfg.teacher_model is not None else None
-    optimizer = precision.optimizer(model.parameters(), cfg)
+    # What trains: the model itself, or (several ranks) a sharded copy; ``model`` stays the full
+    # policy the engine samples from, the scorers read and checkpoints are written from.
+    policy = parallel.shard(copy.deepcopy(model), cfg, group) if group.distributed else model
+    if cfg.fused_logprobs and device.type == "cuda" and not group.distributed:
+        policy.fused_logprobs = True  # read by trainer.forward.response_logprobs
+    optimizer = precision.optimizer(policy.parameters(), cfg)
     warmup = cfg.num_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda update: min(1.0, (update + 1) / warmup) if warmup else 1.0)
 
+    full_optimizer = parallel.FullOptimizerState(policy, optimizer) if group.distributed else optimizer
+
     step = 0
     if start_from is not None:
-        resumed = checkpoint.load(start_from, model=model, optimizer=optimizer, scheduler=scheduler,
-                                  device=device)
+        resumed = checkpoint.load(start_from, model=model, optimizer=full_optimizer, scheduler=scheduler,
+                                  device=device, group=group)
+        parallel.load_shards(model, policy)
         sampler.load_state_dict(resumed.sampler_state)
         step = resumed.step
-        print(f"sweep-train: resuming from {start_from} (step {step})", file=stderr)
+        steps = group.gather_objects(step)
+        if len(set(steps)) > 1:
+            raise checkpoint.CheckpointError(f"the ranks resumed at different steps {steps}: {ckpt_dir} changed "
+                                             f"while they loaded it")
+        on_ranks = f" on all {group.world} ranks" if group.distributed else ""
+        print(f"sweep-train: resuming from {start_from} (step {step}{on_ranks})", file=stderr)
     if reference is not None:
         # A fresh run's reference is its own initial policy, never one left in the directory
         # by an earlier run that died before its first checkpoint.
-        if start_from is None or not checkpoint.load_reference(ckpt_dir, reference, device):
+        if (start_from is None or not checkpoint.load_reference(ckpt_dir, reference, device)) and group.is_main:
             checkpoint.save_reference(ckpt_dir, reference)
     n = cfg.n_samples_per_prompt
-    eval_rows = min(len(task.eval), cfg.eval_limit or len(task.eval)) * cfg.eval_n_samples_per_prompt
+    eval_prompts = min(len(task.eval), cfg.eval_limit or len(task.eval))
+    eval_rows = -(-eval_prompts // group.world) * cfg.eval_n_samples_per_prompt  # this rank's share, rounded up
     engine = make_engine(cfg, model=model, tokenizer=tokenizer, device=device, backend=backend,
-                         max_rows=max(cfg.train_batch_size * n, eval_rows))
+                         max_rows=max(cfg.train_batch_size // group.world * n, eval_rows))
     pad_id = tokenizer.pad_token_id
     on_policy = cfg.train_batch_size == cfg.policy_mini_batch_size  # one update per step
     old_policy = PolicyScorer(model, temperature=cfg.temperature, micro_batch_size=cfg.micro_forward_batch_size_per_gpu,
@@ -164,15 +191,17 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return ids[-cfg.max_prompt_length :]  # left-truncate: the question's end holds the ask
 
-    logger = MetricsLogger(metrics_path, stdout=stdout, resume_step=step)
+    logger = MetricsLogger(metrics_path, stdout=stdout, resume_step=step) if group.is_main else SilentLogger()
     info = run_info(cfg, device=device, precision=precision, backend=backend, total_steps=total_steps,
-                    resumed_from=str(start_from) if start_from else None, inert=inert)
+                    resumed_from=str(start_from) if start_from else None, inert=inert, world=group.world)
     logger.log("info", step, info)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_atomic(ckpt_dir / "run_info.json", json.dumps(info, indent=1) + "\n")
+    if group.is_main:
+        checkpoint.write_atomic(ckpt_dir / "run_info.json", json.dumps(info, indent=1) + "\n")
 
     def run_eval(at_step: int) -> None:
-        metrics = evaluate(engine, task, encode, tokenizer, cfg, seed=cfg.seed + EVAL_SEED_OFFSET + at_step)
+        metrics = evaluate(engine, task, encode, tokenizer, cfg, seed=cfg.seed + EVAL_SEED_OFFSET + at_step,
+                           group=group)
         logger.log("eval", at_step, metrics)
 
     if step == 0 and cfg.eval_before_train:
@@ -181,15 +210,15 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
         run_eval(0)
     started = time.perf_counter()
     first_step = step
-    progress = progress_bar(cfg, stdout or sys.stdout, total=total_steps, done=step)
+    progress = progress_bar(cfg, stdout or sys.stdout, total=total_steps, done=step) if group.is_main else None
     last = {}
 
     saved_step = step if start_from is not None else None  # the step the latest checkpoint holds
 
     def save(at_step: int) -> None:
         nonlocal saved_step
-        checkpoint.save(ckpt_dir, at_step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        sampler_state=sampler.state_dict(), config=attrs.asdict(cfg))
+        checkpoint.save(ckpt_dir, at_step, model=model, optimizer=full_optimizer, scheduler=scheduler,
+                        sampler_state=sampler.state_dict(), config=attrs.asdict(cfg), group=group)
         saved_step = at_step
 
     def stop_now(signum: int) -> None:
@@ -205,19 +234,22 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
             closing.callback(progress.close)
         stop = closing.enter_context(StopRequest(stderr))
         while step < total_steps:
-            if stop.signum is not None:
-                stop_now(stop.signum)
+            # Every stop decision is the ranks' common one: they must stop at the same step.
+            if (signum := group.agree(stop.signum)) is not None:
+                stop_now(signum)
             step += 1
             times = {}
             step_started = time.perf_counter()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
 
-            # -- 1. generate: prompts and rollouts ---------------------------------------------
-            examples = sampler.next_batch()
-            prompts = [encode(e.prompt) for e in examples]
+            # -- 1. generate: prompts (this rank's whole groups of each mini-batch) and rollouts ----
+            step_examples = sampler.next_batch()
+            all_prompts = [encode(e.prompt) for e in step_examples]
+            examples = group.share(step_examples, cfg.policy_mini_batch_size)
+            prompts = group.share(all_prompts, cfg.policy_mini_batch_size)
             params = SamplingParams(n=n, max_new_tokens=cfg.max_generate_length, temperature=cfg.temperature,
-                                    top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed * 1_000_000 + step)
+                                    top_p=cfg.top_p, top_k=cfg.top_k, seed=group.seed(cfg.seed * 1_000_000 + step))
             with timed(times, "timing/generate", device):
                 generation = engine.generate(prompts, params)
             with timed(times, "timing/sync_weights", device):  # the engine's sleep and wake count as sync
@@ -240,6 +272,8 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
                 with timed(times, "timing/teacher", device):
                     kl, distill = teacher.token_kl(batch, model)
                 batch = attrs.evolve(batch, token_rewards=-kl)
+                # Each rank's are means over its own tokens; their mean stands for the step's.
+                distill = dict(zip(distill, (value / group.world for value in group.sum_floats([*distill.values()]))))
 
             # -- 3. advantages ------------------------------------------------------------------
             reward_signal = batch.token_rewards if batch.token_rewards is not None else batch.rewards
@@ -247,17 +281,20 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
 
             # -- 4. update: mini-batches of whole groups, micro-batches accumulate --------------
             with timed(times, "timing/policy_train", device):
-                update_stats = update_policy(model, optimizer, scheduler, batch, cfg, precision=precision,
-                                             stderr=stderr)
+                update_stats = update_policy(policy, optimizer, scheduler, batch, cfg, precision=precision,
+                                             stderr=stderr, group=group)
 
-            # -- 5. sync: the rollout engine reads the new weights ---------------------------------
+            # -- 5. sync: the full policy gathers the new shards, the rollout engine reads it --------
             with timed(times, "timing/sync_weights", device):
+                parallel.gather_weights(policy, model)
                 engine.wake()
                 engine.sync_weights(model)
 
-            # -- metrics, eval, checkpoint -------------------------------------------------------
+            # -- metrics (of all ranks' rows), eval, checkpoint ----------------------------------
             times["timing/step"] = time.perf_counter() - step_started
-            lengths = batch.response_mask.sum(dim=1).float()  # (B,)
+            rewards = group.gather_rows(rewards)  # (B,) over all ranks from here on
+            lengths = group.gather_rows(batch.response_mask.sum(dim=1).float())  # (B,)
+            stopped = group.gather_rows(batch.stopped.float())
             tokens = int(lengths.sum().item())
             last = {
                 **times,
@@ -269,30 +306,32 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
                 **distill,
                 "response_length/mean": lengths.mean().item(),
                 "response_length/max": int(lengths.max().item()),
-                "response/stop_frac": batch.stopped.float().mean().item(),
-                "memory/peak_gb": peak_memory_gb(device),
+                "response/stop_frac": stopped.mean().item(),
+                "memory/peak_gb": group.max_floats([peak_memory_gb(device)])[0],
                 "data/epoch": sampler.epoch,
-                "data/prompt_fingerprint": fingerprint(prompts),
+                "data/prompt_fingerprint": fingerprint(all_prompts),
             }
             if batch.engine_logprobs is not None:
                 # How far the engine's sampling distribution is from the policy it stands for.
-                last["rollout/engine_logprob_mean"] = float(
-                    (batch.engine_logprobs * batch.response_mask).sum() / batch.response_mask.sum().clamp(min=1))
+                engine_sum, engine_tokens = group.sum_floats(
+                    [float((batch.engine_logprobs * batch.response_mask).sum()), float(batch.response_mask.sum())])
+                last["rollout/engine_logprob_mean"] = engine_sum / max(engine_tokens, 1.0)
             logger.log("train", step, last)
             del batch, generation
-            if stop.signum is None and ((cfg.eval_interval and step % cfg.eval_interval == 0) or step == total_steps):
+            if group.agree(stop.signum) is None and (
+                    (cfg.eval_interval and step % cfg.eval_interval == 0) or step == total_steps):
                 run_eval(step)
             if (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
                 save(step)
             if progress is not None:
                 progress.update(step, last)
-            if stop.signum is not None and step < total_steps:
-                stop_now(stop.signum)
+            if (signum := group.agree(stop.signum)) is not None and step < total_steps:
+                stop_now(signum)
         # The last step has run and is checkpointed: a stop asked for during it or since has
         # nothing left to stop (the step's eval was skipped if the stop came first), and the
         # run ends complete, exported. The handlers stay for the export: a signal during it
         # is the same request.
-        if cfg.export_final:
+        if cfg.export_final and group.is_main:
             checkpoint.export(ckpt_dir, model, tokenizer, dtype=precision.compute)
         if stop.signum is not None:
             print(f"sweep-train: {signal.Signals(stop.signum).name} after the last step: the run is complete",
@@ -310,28 +349,33 @@ def resolve_backend(cfg, model) -> str:
     return "static" if engine_class("static").supports(model) else "hf"
 
 
-def evaluate(engine, task, encode, tokenizer, cfg, *, seed: int) -> dict:
-    """pass@1 and pass@k (unbiased, k = n = eval_n_samples_per_prompt) on the held-out split."""
+def evaluate(engine, task, encode, tokenizer, cfg, *, seed: int, group: parallel.Group = parallel.SINGLE) -> dict:
+    """pass@1 and pass@k (unbiased, k = n = eval_n_samples_per_prompt) on the held-out split;
+    each rank samples every world-th prompt, and the sums are the ranks' together."""
     k = cfg.eval_n_samples_per_prompt
-    examples = list(task.eval)
+    examples = list(task.eval)[group.rank :: group.world]
     generation = engine.generate([encode(e.prompt) for e in examples], SamplingParams(
-        n=k, max_new_tokens=cfg.max_generate_length, temperature=cfg.eval_temperature, seed=seed))
+        n=k, max_new_tokens=cfg.max_generate_length, temperature=cfg.eval_temperature, seed=group.seed(seed)))
     texts = tokenizer.batch_decode(generation.token_lists(), skip_special_tokens=True)
     correct = [task.is_correct(t, e) for t, e in zip(texts, (e for e in examples for _ in range(k)))]
     rewards = [task.reward(t, e) for t, e in zip(texts, (e for e in examples for _ in range(k)))]
     per_prompt = [sum(correct[i * k : (i + 1) * k]) for i in range(len(examples))]
+    pass_1, pass_k, reward_sum, samples, prompts = group.sum_floats([
+        sum(pass_at_k(k, c, 1) for c in per_prompt), sum(pass_at_k(k, c, k) for c in per_prompt),
+        sum(rewards), len(rewards), len(examples)])
     return {
-        "eval/pass_at_1": sum(pass_at_k(k, c, 1) for c in per_prompt) / len(examples),
-        "eval/pass_at_k": sum(pass_at_k(k, c, k) for c in per_prompt) / len(examples),
+        "eval/pass_at_1": pass_1 / prompts,
+        "eval/pass_at_k": pass_k / prompts,
         "eval/k": k,
-        "eval/reward_mean": sum(rewards) / len(rewards),
-        "eval/prompts": len(examples),
+        "eval/reward_mean": reward_sum / samples,
+        "eval/prompts": int(prompts),
     }
 
 
-def run_info(cfg, *, device, precision, backend, total_steps, resumed_from, inert) -> dict:
+def run_info(cfg, *, device, precision, backend, total_steps, resumed_from, inert, world: int = 1) -> dict:
     return {
         "device": str(device),
+        "world_size": world,  # processes (ranks) the policy trains on
         "dtype": str(precision.compute).removeprefix("torch."),  # the compute dtype
         "master_dtype": str(MASTER_DTYPE).removeprefix("torch."),
         "backend": backend,
@@ -342,8 +386,8 @@ def run_info(cfg, *, device, precision, backend, total_steps, resumed_from, iner
     }
 
 
-def inert_knobs(cfg, device: torch.device, *, backend: str | None = None) -> dict:
-    """Every knob that has no effect in this run, with its value, default and why.
+def inert_knobs(cfg, device: torch.device, *, backend: str | None = None, world: int = 1) -> dict:
+    """Every knob that has no effect in this run of ``world`` processes, with its value, default and why.
 
     All of them are listed, changed or not (``changed`` marks those set away
     from the default), so a grid axis over an inert knob shows up at once. The
@@ -351,13 +395,24 @@ def inert_knobs(cfg, device: torch.device, *, backend: str | None = None) -> dic
     """
     backend = backend or (cfg.backend if cfg.backend != "auto" else "static")
     reasons = dict(engine_class(backend).inert_knobs(attrs.evolve(cfg, device=device.type)))
-    reasons["reshard_after_forward"] = "the policy trains on one device, unsharded"
-    if device.type == "cpu" and cfg.num_gpus != 0:
-        reasons["num_gpus"] = "training on the CPU"
-    elif cfg.num_gpus != 1 and device.type != "cpu":
-        reasons["num_gpus"] = "the policy trains on one device"
+    if world == 1:
+        reasons["reshard_after_forward"] = "the policy trains in one process, unsharded"
+    else:
+        # The layout is the processes': each rank samples its share with an engine of its own.
+        for key in ("num_inference_engines", "inference_tp", "colocate_all"):
+            if key in reasons:
+                reasons[key] = f"one rollout engine per training process ({world}), each TP1 and colocated with it"
+    if device.type == "cpu":
+        if cfg.num_gpus != 0:
+            reasons["num_gpus"] = "training on the CPU (num_cpu_ranks sets its processes)"
+    else:
+        reasons["num_cpu_ranks"] = "training on CUDA (num_gpus sets its processes)"
+        if cfg.num_gpus == 0:
+            reasons["num_gpus"] = "device='cuda' trains on one GPU (num_gpus=0 means the CPU under device='auto')"
     if device.type != "cuda":
         reasons["fused_logprobs"] = "the fused log-prob expressions are compiled only on CUDA"
+    elif world > 1:
+        reasons["fused_logprobs"] = "the sharded policy's forward computes its log-probs unfused"
     if not cfg.use_kl_loss:
         reasons |= dict.fromkeys(("kl_loss_coef", "kl_estimator_type"), "use_kl_loss is false")
     if not cfg.use_entropy_loss:
@@ -388,8 +443,8 @@ def inert_knobs(cfg, device: torch.device, *, backend: str | None = None) -> dic
 def resolve_device(cfg) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: 'cuda' but torch sees no CUDA device (use 'auto' or 'cpu')")
-    if cfg.device == "cuda" or (cfg.device == "auto" and cfg.num_gpus > 0 and torch.cuda.is_available()):
-        return torch.device("cuda", torch.cuda.current_device())
+    if parallel.uses_cuda(cfg):
+        return torch.device("cuda", torch.cuda.current_device())  # a rank's own: trainer.parallel sets it
     return torch.device("cpu")
 
 

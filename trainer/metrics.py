@@ -57,6 +57,16 @@ class MetricsLogger:
         self.close()
 
 
+class SilentLogger:
+    """The logger of every rank but rank 0 of a run of several: rank 0 writes the run's metrics."""
+
+    def log(self, kind: str, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def peak_memory_gb(device: torch.device) -> float:
     """Peak allocated device memory on CUDA; the process's peak resident memory on CPU."""
     if device.type == "cuda":

@@ -10,11 +10,20 @@ When the step is exactly on-policy (one mini-batch: the update sees the weights
 that sampled) ``batch.old_logprobs`` is None and pi_old is the update forward's
 own log-probs, detached: rho = 1 exactly and no separate no-grad forward is
 spent on it (TRL does the same).
+
+Over several ranks (``trainer.parallel``) each rank holds its share of every
+mini-batch's groups and the policy is sharded with FSDP2, whose reduce-scatter
+averages the ranks' gradients. A rank's losses are therefore normalised by its
+share of the whole mini-batch's totals: its sequences (the mini-batch's / N, as
+every rank holds as many) and the mini-batch's tokens over all ranks / N; the
+mean of the ranks' gradients is then the one-device gradient, for every
+``loss_reduction``. The step's metrics are summed over the ranks the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 
@@ -23,18 +32,26 @@ import torch
 from trainer.batch import Batch
 from trainer.forward import response_logprobs
 from trainer.losses import aggregate, kl_penalty, policy_loss
+from trainer.parallel import SINGLE, Group, replicated, trains_sharded
+
+TOKEN_SUMS = ("clip_frac", "kl", "ref_kl", "tis_weight", "entropy")  # per-token sums, averaged over all tokens
 
 
-def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None) -> dict:
+def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None,
+                  group: Group = SINGLE) -> dict:
     """One optimizer step per mini-batch; returns the step's policy metrics.
 
     A mini-batch whose gradient norm is not finite leaves the weights, the
     optimizer state and the schedule untouched; it is counted in
-    ``policy/skipped_updates`` and reported on ``stderr``.
+    ``policy/skipped_updates`` and reported on ``stderr``. ``model`` is the
+    policy itself, or (several ranks) its :class:`trainer.parallel.ShardedPolicy`,
+    and ``batch`` this rank's share of the step's groups.
     """
     model.train()
     autocast = precision.autocast if precision is not None else contextlib.nullcontext
-    mini_size = cfg.policy_mini_batch_size * cfg.n_samples_per_prompt
+    # A sharded policy's forward is the training forward: its FSDP hooks must run.
+    forward = model if trains_sharded(model) else functools.partial(response_logprobs, model)
+    mini_size = cfg.policy_mini_batch_size * cfg.n_samples_per_prompt // group.world
     micro_size = cfg.micro_train_batch_size_per_gpu
     # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
     sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0,
@@ -44,8 +61,9 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
     lr = optimizer.param_groups[0]["lr"]
     for mini_start in range(0, batch.size, mini_size):
         mini = batch.rows(slice(mini_start, mini_start + mini_size))
-        totals = dict(num_sequences=mini.size, num_tokens=float(mini.response_mask.sum()),
-                      max_len=cfg.max_generate_length)
+        # This rank's share of the mini-batch's totals (on one rank: the totals).
+        tokens = group.sum_floats([float(mini.response_mask.sum())])[0] / group.world
+        totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
         longest_first = torch.argsort(mini.response_mask.sum(dim=1) + mini.prompt_mask.sum(dim=1),
                                       descending=True, stable=True)
         mini_loss = 0.0
@@ -53,7 +71,7 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
             micro = mini.rows(longest_first[micro_start : micro_start + micro_size])
             mask = micro.response_mask  # (b, R)
             with autocast():
-                logprobs, entropy = response_logprobs(model, micro, cfg.temperature, with_entropy=True)  # (b, R)
+                logprobs, entropy = forward(micro, cfg.temperature, with_entropy=True)  # (b, R)
             old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             per_token, stats = policy_loss(
                 logprobs, old_logprobs, micro.advantages,
@@ -77,7 +95,7 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
             if "tis_weight" in stats:
                 sums["tis_weight"] += (stats["tis_weight"] * mask).sum()
             del logprobs, entropy, per_token, loss
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        grad_norm = replicated(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
         lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler then moves on)
         # One sync per optimizer step: a non-finite gradient would turn every weight to NaN
         # (AdamW's moments keep it forever), so that update is dropped and counted instead.
@@ -93,7 +111,11 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         sums["loss"] += mini_loss
         mini_batches += 1
     sums = {key: float(total) for key, total in sums.items()}  # one device sync for the whole step
-    per_token = max(float(tokens_seen), 1.0)
+    # Over ranks: token sums add up; the loss is the mean of the ranks' (each normalised by 1/N of
+    # the totals); the gradient norm is the same on every rank.
+    reduced = group.sum_floats([sums["loss"], float(tokens_seen), *(sums[key] for key in TOKEN_SUMS)])
+    sums |= dict(zip(TOKEN_SUMS, reduced[2:]), loss=reduced[0] / group.world)
+    per_token = max(reduced[1], 1.0)
     applied = mini_batches - skipped
     metrics = {
         "policy/loss": sums["loss"] / mini_batches,
