@@ -141,6 +141,14 @@ def test_gpu_profile_keeps_a_local_model_path(tmp_path):
     assert gpu({"lr": 1.0}, "command") == {}
 
 
+def test_gpu_profile_gives_an_opd_cell_a_larger_random_teacher_of_the_same_tokenizer(tmp_path):
+    from sweepkit_plugins.trainer import gpu
+
+    changes = gpu({"model": "Qwen/Qwen3-1.7B", "teacher_model": "Qwen/Qwen3-32B"}, "trainer")
+    assert (changes["model"], changes["teacher_model"]) == ("random:qwen2.5-0.5b", "random:qwen2.5-1.5b")
+    assert "teacher_model" not in gpu({"teacher_model": str(tmp_path)}, "trainer")  # a local teacher stays
+
+
 def test_smoke_keeps_a_local_gsm8k_path(tmp_path):
     from sweepkit_plugins.trainer import smoke
 
