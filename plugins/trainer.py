@@ -194,9 +194,26 @@ def sweep_validate_cell(cell, session):
     return gpu_count_errors(cfg, cell.launch().get("gpus"))
 
 
+@hookimpl
+def sweep_cell_gpus(cell, session):
+    """A trainer cell with no ``gpus`` key gets its ``num_gpus`` when that is more than one
+    and the run is not on the CPU: the trainer starts one process per GPU and would
+    otherwise find none (and train on the CPU). One GPU stays opt-in (``gpus=1``), so a
+    plain cell still runs on a machine without GPUs."""
+    if cell.target.name != "trainer":
+        return None
+    config = cell.target_config()
+    num_gpus = config.get("num_gpus", 1)
+    if config.get("device", "auto") == "cpu" or not isinstance(num_gpus, int) or num_gpus <= 1:
+        return None
+    return num_gpus
+
+
 def gpu_count_errors(cfg: TrainerConfig, gpus) -> list[str]:
     """A cell that hands its job fewer GPUs (``gpus``) than the trainer starts processes on
     (``num_gpus``, one per GPU; a cluster's request follows ``num_gpus`` itself)."""
+    if not isinstance(gpus, int) or isinstance(gpus, bool):
+        return []  # a mistyped launch key is the core's to report
     if cfg.device != "cpu" and gpus and cfg.num_gpus > gpus:
         return [f"num_gpus={cfg.num_gpus} but gpus={gpus}: the trainer starts one process per GPU of num_gpus "
                 f"and needs that many; set gpus={cfg.num_gpus}"]

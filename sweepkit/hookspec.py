@@ -308,6 +308,16 @@ def sweep_job_sbatch_options(cell: "Cell", session: "Session") -> "dict[str, str
 
 
 @hookspec(firstresult=True)
+def sweep_cell_gpus(cell: "Cell", session: "Session") -> "int | None":
+    """GPUs a cell's job is given when its ``gpus`` launch key is not set; first answer wins.
+
+    The local executor places that many GPUs (``CUDA_VISIBLE_DEVICES``); a target whose
+    own config says how many GPUs it starts processes on (the built-in trainer's
+    ``num_gpus``) answers with that. None (every plugin): no GPUs.
+    """
+
+
+@hookspec(firstresult=True)
 def sweep_job_concurrency_cap(session: "Session") -> "int | None":
     """How many cells of this runs dir may be in a cluster's queue at once (the seeds'
     "at most 6 RL jobs running"); first answer wins, None for no cap. ``--max-parallel``

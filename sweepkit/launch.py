@@ -12,7 +12,8 @@ from typing import Optional, Union
 from sweepkit.hookspec import hookimpl
 
 LAUNCH_KEYS = (
-    ("gpus", int, 0, "GPUs the cell needs (0: CPU only)"),
+    ("gpus", Optional[int], None,
+     "GPUs the cell needs (None: as many as its target asks for, see sweep_cell_gpus, else 0; 0: CPU only)"),
     ("time_limit", Optional[Union[str, int]], None,
      "wall-time limit, 'HH:MM:SS', 'D-HH:MM:SS' or minutes (None: the executor's default)"),
     ("max_restarts", int, 0, "times a failed or preempted cell is started again"),

@@ -188,6 +188,15 @@ def cell_args(cell, resume: bool, session) -> list[str]:
             for arg in args or ()]
 
 
+def cell_gpus(cell, session) -> int:
+    """The GPUs the cell's job gets: its ``gpus`` launch key, else the plugins' answer
+    (``sweep_cell_gpus``: the trainer's ``num_gpus``), else none."""
+    gpus = cell.launch().get("gpus")
+    if gpus is None:
+        gpus = session.hook.sweep_cell_gpus(cell=cell, session=session)
+    return int(gpus or 0)
+
+
 def make_job(plan: Plan, executor: str, session) -> CellJob:
     """The job of a planned cell: the target's argv with the plugins' arguments appended
     (and, as ``resume_argv``, with those of a resumed run, which a chain link runs)."""
@@ -201,7 +210,7 @@ def make_job(plan: Plan, executor: str, session) -> CellJob:
         argv=command + (resume_args if resume else cell_args(cell, False, session)),
         resume_argv=command + resume_args,
         env=cell_env(cell, plan.directory, resume, session.hook.sweep_cell_env(cell=cell, session=session)),
-        gpus=int(cell.launch().get("gpus") or 0),
+        gpus=cell_gpus(cell, session),
         resume=resume,
         token=uuid.uuid4().hex,
         executor=executor,

@@ -303,6 +303,18 @@ def test_needing_more_gpus_than_the_machine_has_is_refused(cpu_sweeper):
     assert started(cpu_sweeper) == []
 
 
+def test_a_trainer_cell_of_several_gpus_asks_for_them_without_a_gpus_key(cpu_sweeper):
+    # The trainer starts num_gpus processes, one per GPU: given none, it would train on the CPU.
+    cpu_sweeper.grid("g", """
+import sweepkit as sk
+base = sk.base(model="tiny-random", dataset="synthetic", num_gpus=4)
+""")
+    result = cpu_sweeper.run("run")
+    assert result.ret != 0
+    assert "grids/g.py:2: base: needs gpus=4" in result.stderr
+    assert not (cpu_sweeper.path / "runs" / "g" / "base" / "metrics.jsonl").exists()
+
+
 def test_xfail_and_xpass_outcomes(cpu_sweeper):
     script_grid(cpu_sweeper, "g", """
         probe_fails = sk.cell(fail_at=1, marks=sk.mark.xfail(reason="ceiling"))

@@ -23,7 +23,7 @@ ok = sk.cell(lr=1e-5)
     assert "grids/g.py:3: base, slow, wide, ok (4 cells): lrr: unknown key for target 'trainer' " \
            "(did you mean 'lr'?)" in err
     assert "grids/g.py:4: slow: lr: expected float, got 'fast' (str)" in err
-    assert "grids/g.py:5: wide: gpus: expected int, got 'four' (str)" in err
+    assert "grids/g.py:5: wide: gpus: expected int | null, got 'four' (str)" in err
     assert "grids/g.py:5: wide: time_limit: expected 'HH:MM:SS' or minutes, got 'half an hour'" in err
     # The trainer plugin's own rule, for a value of the right type.
     assert "grids/g.py:5: wide: train_batch_size: 48 is not a multiple of policy_mini_batch_size=32" in err
@@ -115,7 +115,7 @@ text = sk.cell(train_batch_size="64")
         err = result.stderr
         assert "Traceback" not in result.output, result
         assert "grids/g.py:2: base: train_batch_size: must be > 0, got -32" in err
-        assert "grids/g.py:3: four: gpus: expected int, got 'four' (str)" in err
+        assert "grids/g.py:3: four: gpus: expected int | null, got 'four' (str)" in err
         assert "grids/g.py:4: text: train_batch_size: expected int, got '64' (str)" in err
     assert "3 errors found; nothing was run" in sweeper.run("run", "--profile", "smoke", "--dry-run").stderr
     assert_nothing_ran(sweeper)

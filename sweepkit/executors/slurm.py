@@ -121,7 +121,7 @@ def request_for(cell, session) -> sb.JobRequest:
 
     nodes, gpus_per_node = piece("nodes", launch.get("num_nodes")), piece("gpus_per_node")
     if gpus_per_node is None:
-        nodes, gpus_per_node = spread_gpus(int(launch.get("gpus") or 0), None if nodes is None else int(nodes),
+        nodes, gpus_per_node = spread_gpus(pl.cell_gpus(cell, session), None if nodes is None else int(nodes),
                                            launch.get("gpus_per_node"))
     time_limit = piece("time_limit")
     if time_limit is None and launch.get("time_limit") is not None:
