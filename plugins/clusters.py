@@ -42,6 +42,7 @@ from sweepkit.errors import UsageError
 from sweepkit.hookspec import hookimpl
 from sweepkit.launch import parse_time_limit
 from sweepkit.state import cell_dir as cell_dir_of
+from sweepkit_plugins.skyrl_schema import MOVED_ENGINE_PATHS  # both SkyRL layouts' engine paths
 
 CLUSTER_ENV = "SWEEP_CLUSTER"
 NO_CLUSTER = "none"
@@ -271,7 +272,8 @@ def target_default(cell, key: str, default=None):
 
 def gpu_budget(cell) -> int:
     """GPUs the cell's layout occupies: policy + reference + inference engines x TP, plus
-    a separately served teacher.
+    a separately served teacher. Engines and TP are read from the flat names or from
+    either SkyRL layout's dotted paths.
 
     With ``colocate_all`` everything but the teacher shares the policy's GPUs, so the
     budget is the largest of those three (plus the teacher's) instead of their sum. A
@@ -282,8 +284,8 @@ def gpu_budget(cell) -> int:
     policy = launch.get("policy_num_gpus")
     if policy is None:
         policy = setting(cell, "num_gpus", default=launch.get("gpus") or 0)
-    engines = setting(cell, "num_inference_engines", "generator.num_inference_engines", default=0)
-    tp = setting(cell, "inference_tp", "generator.inference_engine_tensor_parallel_size", default=1)
+    engines = setting(cell, "num_inference_engines", *MOVED_ENGINE_PATHS["num_inference_engines"], default=0)
+    tp = setting(cell, "inference_tp", *MOVED_ENGINE_PATHS["inference_tp"], default=1)
     ref = launch.get("ref_num_gpus") or 0
     teacher = int(launch.get("teacher_num_gpus") or 0)
     inference = int(engines) * int(tp)

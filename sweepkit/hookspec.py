@@ -223,8 +223,8 @@ def sweep_cell_args(cell: "Cell", resume: bool, session: "Session") -> "list[str
 
     The arguments belong to the target, not to an executor: they are appended on every
     executor, after a cluster's interpreter and container wrapper have been applied, and
-    a job script lists the full command line. The SkyRL plugin appends its Hydra
-    ``++path=value`` overrides here.
+    a job script lists the full command line. The SkyRL plugin appends its overrides
+    here: ``++path=value`` for the fork's Hydra entry point, ``path=value`` for upstream's.
     """
 
 

@@ -256,3 +256,19 @@ def test_a_chain_link_on_slurm_runs_the_resumed_command(sweeper):
     listed = [line for script in scripts for line in script.read_text().splitlines()
               if line.startswith("#   command: ")]
     assert [shlex.split(line.removeprefix("#   command: "))[3:] for line in listed] == seen_argv(sweeper, "tuned")
+
+
+@pytest.mark.parametrize("layout", ["fork", "upstream"])
+def test_the_gpu_budget_reads_either_layouts_engine_paths(layout):
+    from sweepkit.cell import Cell, Target
+    from sweepkit_plugins import clusters
+    from sweepkit_plugins.skyrl_schema import MOVED_ENGINE_PATHS
+
+    index = 0 if layout == "fork" else 1
+    config = {"num_gpus": 4, "trainer.placement.colocate_all": False,
+              MOVED_ENGINE_PATHS["num_inference_engines"][index]: 2, MOVED_ENGINE_PATHS["inference_tp"][index]: 2}
+    launch_keys = {name: default for name, _, default, _ in clusters.LAUNCH_KEYS}
+    cell = Cell(grid="grids/g.py", grid_name="g", name="cell", location=("grids/g.py", 1), launch_keys=launch_keys,
+                target=Target(name="skyrl", argv=("python", "-m", "skyrl_train.entrypoints.main_base")),
+                config=config)
+    assert clusters.gpu_budget(cell) == 4 + 2 * 2  # policy, then two engines of TP2 beside it
