@@ -74,3 +74,14 @@ def sweeper(tmp_path: Path) -> Sweeper:
     project = tmp_path / "project"
     project.mkdir()
     return Sweeper(project)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the default options): a test file's tests
+    run on one worker (its module fixtures are built once), and every test that submits to
+    the local SLURM cluster on one worker too, one after another, as that cluster's tests
+    expect a queue of their own."""
+    for item in items:
+        on_slurm = item.get_closest_marker("slurm") or "cluster" in getattr(item, "fixturenames", ())
+        group = "slurm" if on_slurm else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -239,8 +239,10 @@ def test_failed_cell_with_checkpoints_needs_resume_or_rerun_and_resumes(cpu_swee
 
 
 def test_driver_killed_mid_grid_next_run_finishes_the_rest_without_overlap(cpu_sweeper):
+    # c1 runs long enough (4.5 s) to be still running when the second driver starts, even on
+    # a loaded machine: that driver must find it running under the killed one's orphan.
     script_grid(cpu_sweeper, "g", """
-        c1 = sk.cell(steps=4)
+        c1 = sk.cell(steps=15)
         c2 = sk.cell(steps=5)
         c3 = sk.cell(steps=2)
     """, sleep=0.3)
