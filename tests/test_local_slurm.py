@@ -55,14 +55,24 @@ def sbatch(*args: str) -> str:
     return submitted.stdout.strip().split(";")[0]
 
 
+#: How long sacct may fail to reach slurmdbd before a test gives up: on a loaded machine the
+#: database can be out of reach for a few seconds around a controller restart.
+DBD_GRACE_S = 30
+
+
 def sacct_row(job_id: str) -> dict[str, str]:
     fields = ("State", "ExitCode", "Elapsed")
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", ",".join(fields)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    command = ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", ",".join(fields)]
+    deadline = time.monotonic() + DBD_GRACE_S
+    while True:
+        result = subprocess.run(command, capture_output=True, text=True)
+        unreachable = "Problem talking to the database" in result.stderr
+        if result.returncode == 0 or not unreachable or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    if result.returncode != 0:
+        raise subprocess.CalledProcessError(result.returncode, command, result.stdout, result.stderr)
+    out = result.stdout.strip()
     # The last row is the newest: a requeued job, or an id the controller handed out again.
     values = out.splitlines()[-1].split("|") if out else [""] * len(fields)
     row = dict(zip(fields, values))
