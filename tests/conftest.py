@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -76,12 +77,30 @@ def sweeper(tmp_path: Path) -> Sweeper:
     return Sweeper(project)
 
 
+def on_slurm(item) -> bool:
+    """Whether a test submits to (or restarts) the local SLURM cluster."""
+    return bool(item.get_closest_marker("slurm")) or "cluster" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n 2 --dist loadgroup``, the default options): a test file's tests
     run on one worker (its module fixtures are built once), and every test that submits to
     the local SLURM cluster on one worker too, one after another, as that cluster's tests
     expect a queue of their own."""
     for item in items:
-        on_slurm = item.get_closest_marker("slurm") or "cluster" in getattr(item, "fixturenames", ())
-        group = "slurm" if on_slurm else item.nodeid.split("::")[0]
+        group = "slurm" if on_slurm(item) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def _slurm_tests_run_alone(request, tmp_path_factory):
+    """Under pytest-xdist a SLURM test holds an exclusive lock and every other test a shared
+    one, so the cluster's tests (their jobs run on this machine, against deadlines) never
+    share the CPUs with another test, while the other tests run side by side."""
+    if not hasattr(request.config, "workerinput"):  # one process: nothing runs beside it
+        yield
+        return
+    lock = tmp_path_factory.getbasetemp().parent / "slurm-tests.lock"  # shared by the workers
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if on_slurm(request.node) else fcntl.LOCK_SH)
+        yield
