@@ -151,17 +151,19 @@ def main(argv=None) -> int:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     cfg = TrainerConfig(model=args.model, device=device.type, dataset="gsm8k")  # a model's full vocabulary
     layouts = args.layouts.split(",")
-    models = {}  # layout -> its policy: the same weights, set up as the layout needs
+    models, plain = {}, None  # layout -> its policy: the same weights, set up as the layout needs
     for layout in layouts:
         prepare = LAYOUTS[layout][1]
-        if prepare is None and None in models:
-            models[layout] = models[None]
+        if prepare is None and plain is not None:
+            models[layout] = plain  # the layouts without a setup share one policy
             continue
         model, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype="float32")
         model.train()
-        if prepare is not None:
+        if prepare is None:
+            plain = model
+        else:
             prepare(model)
-        models[layout] = models.setdefault(None if prepare is None else layout, model)
+        models[layout] = model
     precision = Precision.for_run(cfg, device)
     parameters = sum(p.numel() for p in model.parameters())
     generator = torch.Generator().manual_seed(args.seed)

@@ -45,6 +45,13 @@ class Sweeper:
         self.path = path
         self.env = {}
 
+    @classmethod
+    def new(cls, parent: Path) -> "Sweeper":
+        """A fresh project in ``parent/project``."""
+        project = parent / "project"
+        project.mkdir()
+        return cls(project)
+
     def write(self, relpath: str, text: str) -> Path:
         """Write ``text`` (dedented) to ``relpath`` under the project; returns the path."""
         path = self.path / relpath
@@ -72,9 +79,7 @@ class Sweeper:
 
 @pytest.fixture
 def sweeper(tmp_path: Path) -> Sweeper:
-    project = tmp_path / "project"
-    project.mkdir()
-    return Sweeper(project)
+    return Sweeper.new(tmp_path)
 
 
 def on_slurm(item) -> bool:

@@ -10,6 +10,10 @@ from trainer.data import DataError, Example, PromptSampler, gsm8k_rows
 from trainer.models import byte_tokenizer, word_tokenizer
 from trainer.tasks import GSM8K_SUFFIX, SYNTHETIC_WORDS, load_task, synthetic_rows
 
+#: A ChatML template (Qwen's shape) for a tokenizer built in a test.
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
 SHARED_GSM8K = Path("/work/shared/data/gsm8k")
 ROWS = [
     {"question": "Tom has 2 apples and buys 3. How many?", "answer": "2+3=5\n#### 5"},
@@ -166,9 +170,7 @@ def test_gsm8k_prompts_plain_and_through_a_chat_template(tmp_path):
     plain = load_task(cfg, tokenizer)
     assert len(plain.eval) == 2
     assert plain.train[0].prompt == f"Question: {ROWS[0]['question']} {GSM8K_SUFFIX}\nAnswer:"
-    tokenizer.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tokenizer.chat_template = CHAT_TEMPLATE
     chat = load_task(cfg, tokenizer)
     assert chat.train[1].prompt == (
         f"<|im_start|>user\n{ROWS[1]['question']} {GSM8K_SUFFIX}<|im_end|>\n<|im_start|>assistant\n")

@@ -39,9 +39,7 @@ dotted = sk.cell(**{{"trainer.enable_db_registration": False, "generator.samplin
 
 @pytest.fixture(scope="module")
 def rules_run(tmp_path_factory):
-    project = tmp_path_factory.mktemp("jupiter") / "project"
-    project.mkdir()
-    sweeper = Sweeper(project)
+    sweeper = Sweeper.new(tmp_path_factory.mktemp("jupiter"))
     sweeper.grid("rules", RULES_GRID)
     return sweeper.run("run", "--dry-run", "--executor", "debug", "--cluster", "jupiter")
 

@@ -39,9 +39,8 @@ elsewhere_export = sk.cell(export_path="/var/tmp/exports/x")
 
 @pytest.fixture(scope="module")
 def rules_run(tmp_path_factory):
-    project = tmp_path_factory.mktemp("leonardo") / "project"
-    project.mkdir()
-    sweeper = Sweeper(project)
+    sweeper = Sweeper.new(tmp_path_factory.mktemp("leonardo"))
+    project = sweeper.path
     (project / "work").mkdir()
     (project / "scratch").mkdir()
     sweeper.grid("rules", RULES_GRID)

@@ -16,6 +16,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
+from test_data import CHAT_TEMPLATE
 from trainer.config import TrainerConfig
 from trainer.data import DataError, dataset_rows, math_rows
 from trainer.math_reward import HARD_LIMIT_S, last_boxed, math_correct, math_format_reward, math_reward
@@ -190,9 +191,7 @@ def test_rows_with_a_problem_make_the_math_task_with_boxed_prompts_and_shaped_re
     assert plain.reward(r"\boxed{\frac{1}{3}}", half) == pytest.approx(0.1)  # boxed but wrong
     assert not plain.is_correct(r"\boxed{\frac{1}{3}}", half)
     assert plain.reward("1/2", half) == 0.0  # right, but not boxed
-    tokenizer.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tokenizer.chat_template = CHAT_TEMPLATE
     chat = load_task(cfg, tokenizer)
     assert chat.train[2].prompt == (
         f"<|im_start|>user\nWhich is odd, 3 or 4?\n\n{MATH_SUFFIX}<|im_end|>\n<|im_start|>assistant\n")

@@ -25,9 +25,7 @@ def reported(tmp_path_factory):
     """One grid run once (debug executor: in the driver, fast), then reported in each format."""
     from conftest import Sweeper
 
-    project = tmp_path_factory.mktemp("report") / "project"
-    project.mkdir()
-    sweeper = Sweeper(project)
+    sweeper = Sweeper.new(tmp_path_factory.mktemp("report"))
     sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
     script_grid(sweeper, "g", """
         faster = sk.cell(t=0.5)
@@ -142,9 +140,7 @@ def ordered(tmp_path_factory):
     """A grid whose axis and product values are in no sorted order, run once."""
     from conftest import Sweeper
 
-    project = tmp_path_factory.mktemp("ordered") / "project"
-    project.mkdir()
-    sweeper = Sweeper(project)
+    sweeper = Sweeper.new(tmp_path_factory.mktemp("ordered"))
     sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
     script_grid(sweeper, "g", ORDERED_GRID, steps=3, sleep=0.0, tbs=32, lr=0.1, seed=0, note="")
     sweeper.grid("a_second", "import sweepkit as sk\ntarget = sk.command('{python}', '-c', 'pass')\n"

@@ -145,9 +145,9 @@ class StaticEngine(RolloutEngine):
         self.all_columns = torch.arange(self.columns, device=self.device)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
-        self.compiled = compile_step and self.device.type == "cuda"
-        self._layer_step = torch.compile(_decode_layer, dynamic=False) if self.compiled else _decode_layer
-        self._sample_step = torch.compile(_sample_last, dynamic=False) if self.compiled else _sample_last
+        compiled = compile_step and self.device.type == "cuda"
+        self._layer_step = torch.compile(_decode_layer, dynamic=False) if compiled else _decode_layer
+        self._sample_step = torch.compile(_sample_last, dynamic=False) if compiled else _sample_last
 
     # -- construction -------------------------------------------------------------------------
 
