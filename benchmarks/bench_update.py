@@ -16,7 +16,8 @@ back-propagated into every parameter:
   what the trainer runs on CUDA (``fused_logprobs``);
 * ``left-aligned-compiled``: that, and the body under ``torch.compile``
   (:func:`trainer.forward.compile_body`, once per shape); ``-dynamic`` compiles it with
-  dynamic shapes. Compile time is in the warm-up, not in the table.
+  dynamic shapes. Compile time is in the warm-up, not in the timed repeats: ``first s``
+  is the first warm-up repeat, compilation included (a new micro size is a new shape).
 
 ``--ragged`` draws each row's prompt and response lengths uniformly (a quarter to
 all of ``--prompt-length`` / ``--response-length``), as a real batch whose
@@ -140,10 +141,12 @@ def measure(model, precision, layout, batch, advantages, args, device) -> dict:
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        if repeat == 0:
+            first = time.perf_counter() - start
         if repeat >= args.warmup:
             times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    return {"seconds": statistics.median(times), "peak_gb": peak}
+    return {"seconds": statistics.median(times), "peak_gb": peak, "first_s": first}
 
 
 def main(argv=None) -> int:
@@ -170,7 +173,7 @@ def main(argv=None) -> int:
     print(f"model {args.model} ({parameters / 1e6:.0f}M parameters), device {device}, compute {precision.compute}, "
           f"prompt {args.prompt_length} + response {args.response_length}{' ragged' if args.ragged else ''}")
     print(f"{'micro':>5} {'layout':<28} {'tokens':>7} {'ms':>9} {'tok/s':>9} {'TFLOP/s':>8} {'peak GB':>8} "
-          f"{'vs ' + layouts[0]:>14}")
+          f"{'vs ' + layouts[0]:>14} {'first s':>8}")
     for micro in [int(m) for m in args.micro.split(",")]:
         batch = make_batch(micro, args, len(tokenizer), device, generator)
         advantages = torch.randn(int(batch.response_mask.sum()), generator=generator).to(device)
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
             flops = 6 * parameters * tokens / result["seconds"] / 1e12
             print(f"{micro:>5} {layout:<28} {tokens:>7} {result['seconds'] * 1e3:>9.1f} "
                   f"{tokens / result['seconds']:>9.0f} {flops:>8.1f} {result['peak_gb']:>8.1f} "
-                  f"{first / result['seconds']:>13.2f}x")
+                  f"{first / result['seconds']:>13.2f}x {result['first_s']:>8.1f}")
     if args.profile:
         for layout in layouts:
             profile(models[layout], precision, layout, batch, advantages, args, device)

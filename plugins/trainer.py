@@ -31,7 +31,9 @@ dependencies but no hub access (a benchmark machine, a cluster's GPU node):
   lever), ``num_gpus=1`` and ``gpus=1``;
 * batches divided by :data:`GPU_BATCH_DIVISOR` (one GPU's share of a 4-GPU node's
   batch, ratios kept), :data:`GPU_STEPS` steps, the dataset as the smoke profile maps it,
-  no eval before training, a small final eval, no export.
+  no eval before training, a small final eval, no export;
+* ``compile_update=False``: compiling the update's body costs about a minute per row
+  width it meets, most of a cell of a few steps (a real run of hundreds keeps it).
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def gpu(config: dict, target_name: str) -> dict:
         "eval_before_train": False,
         "eval_limit": min(config.get("eval_limit") or GPU_EVAL_LIMIT, GPU_EVAL_LIMIT),
         "export_final": False,
+        "compile_update": False,
         **_scaled_batches(config, fields, GPU_BATCH_DIVISOR),
     }
     if config.get("teacher_model"):  # OPD: a larger random teacher
@@ -153,6 +156,7 @@ def smoke(config: dict, target_name: str) -> dict:
         "eval_n_samples_per_prompt": min(config.get("eval_n_samples_per_prompt", SMOKE_EVAL_SAMPLES),
                                          SMOKE_EVAL_SAMPLES),
         "export_final": False,
+        "compile_update": False,
         **_scaled_batches(config, fields),
     }
     if config.get("num_gpus"):

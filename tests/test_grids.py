@@ -126,6 +126,7 @@ def test_gpu_profile_puts_every_throughput_cell_on_one_gpu_with_its_levers_kept(
         assert config["model"] == "random:qwen2.5-0.5b" and config["backend"] == "static", nodeid
         assert (config["device"], config["num_gpus"], config["gpus"]) == ("cuda", 1, 1), nodeid
         assert config["max_steps"] == 4 and config["eval_before_train"] is False
+        assert config["compile_update"] is False, nodeid  # a few steps: no minute of compilation
     base, cudagraph = (cells[f"grids/gsm8k_throughput.py::{n}"]["config"] for n in ("base", "cudagraph"))
     assert (base["enforce_eager"], cudagraph["enforce_eager"]) == (True, False)  # the CUDA-graph lever stays
     widths = [cells[f"grids/gsm8k_throughput.py::{n}"]["config"]["train_batch_size"]

@@ -557,9 +557,23 @@ def test_left_aligned_rows_stop_at_the_longest_sampled_token():
     assert ids[:, :5].tolist() == [[1, 2, 5, 6, 7], [3, 4, 9, 9, 8]] and ids.shape[1] == 5
 
 
-def test_left_aligned_log_probs_equal_each_row_alone():
+def test_left_aligned_widths_round_up_to_the_compiled_multiple():
+    from trainer.batch import Batch
+    from trainer.forward import left_aligned
+    from trainer.rollout import Generation
+
+    generation = Generation.from_rows([[5, 6, 7], [8]], stopped=[True, True], pad_id=0, device="cpu")
+    batch = Batch.from_generation([[1, 2], [3, 4, 9, 9]], generation, n=1, pad_id=0, device="cpu")
+    ids, starts = left_aligned(batch, width_multiple=8)
+    assert ids.shape == (2, 8) and starts.tolist() == [2, 4]
+    assert ids[:, :5].tolist() == left_aligned(batch)[0].tolist()
+    assert left_aligned(batch, width_multiple=5)[0].shape == (2, 5)  # already a multiple
+
+
+@pytest.mark.parametrize("width_multiple", [1, 16])
+def test_left_aligned_log_probs_equal_each_row_alone(width_multiple):
     """Rows of different prompt and response lengths: the training forward's log-probs are
-    each row's own, computed unpadded."""
+    each row's own, computed unpadded (also when the width is padded for a compiled body)."""
     from trainer.batch import Batch
     from trainer.config import TrainerConfig
     from trainer.forward import response_logprobs
@@ -574,6 +588,7 @@ def test_left_aligned_log_probs_equal_each_row_alone():
     responses = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (3, 6, 1)]
     generation = Generation.from_rows(responses, stopped=[True] * 3, pad_id=tokenizer.pad_token_id, device="cpu")
     batch = Batch.from_generation(prompts, generation, n=1, pad_id=tokenizer.pad_token_id, device="cpu")
+    model.width_multiple = width_multiple  # as trainer.forward.compile_body sets it
     with torch.no_grad():
         got, entropy = response_logprobs(model, batch, 0.7, with_entropy=True)
         for row, (prompt, response) in enumerate(zip(prompts, responses)):
@@ -657,3 +672,32 @@ def test_zero_advantages_on_a_left_padded_batch_leave_the_weights_alone_on_cuda(
     # The shape that turned every weight to NaN on an H200 (torch 2.11, cuDNN attention):
     # prompts of 256 and 209 tokens, so 47 left-pad columns, and 64-token responses.
     zero_advantage_update_keeps_weights("cuda", "bfloat16", [256] * 4 + [209] * 4, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_compiled_body_gives_the_eager_log_probs_and_gradients():
+    """compile_update's body (padded widths, two shapes) against the eager body, in fp32."""
+    import copy
+
+    from trainer.config import TrainerConfig
+    from trainer.forward import compile_body, response_logprobs
+    from trainer.models import load_model_and_tokenizer
+
+    cfg = TrainerConfig(**PADDED)
+    eager, tokenizer = load_model_and_tokenizer(cfg, device="cuda", dtype="float32")
+    compiled = copy.deepcopy(eager)
+    assert compile_body(compiled)
+    for prompt_lengths in ([9, 9, 3, 3], [150, 20, 5, 5]):  # widths 14 and 155: padded to 128 and 256
+        batch = left_padded_rollout(tokenizer, "cuda", prompt_lengths=prompt_lengths, response_length=5,
+                                    advantages=[1.0, -1.0, 1.0, -1.0])
+        results = []
+        for model in (eager, compiled):
+            model.zero_grad(set_to_none=True)
+            logprobs, entropy = response_logprobs(model, batch, 0.7, with_entropy=True)
+            (-(logprobs * batch.advantages[:, None]).sum() - 0.01 * entropy.sum()).backward()
+            results.append((logprobs.detach(), [p.grad.clone() for p in model.parameters()]))
+        (want, want_grads), (got, got_grads) = results
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for a, b in zip(got_grads, want_grads):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

@@ -41,24 +41,38 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
     body, head = parts
     keep = batch.response_mask.bool()  # (b, R)
-    predicting = response_hidden(body, batch)  # (N, H)
+    predicting = response_hidden(body, batch, width_multiple=getattr(model, "width_multiple", 1))  # (N, H)
     logprobs, entropy = linear_logprobs(predicting, head.weight, batch.response_ids[keep], temperature=temperature,
                                         with_entropy=with_entropy, matmul_dtype=autocast_dtype(predicting),
                                         fused=getattr(model, "fused_logprobs", False))  # (N,)
     return _scatter(logprobs, keep), _scatter(entropy, keep) if with_entropy else None
 
 
-def compile_body(model, *, dynamic: bool = False) -> bool:
+#: The update's row widths are padded to a multiple of this when the body is compiled.
+COMPILED_WIDTH_MULTIPLE = 128
+#: Shapes one compiled body may be specialised to (widths x row counts x grad / no grad).
+COMPILED_SHAPES = 64
+
+
+def compile_body(model, *, dynamic: bool = False, width_multiple: int = COMPILED_WIDTH_MULTIPLE) -> bool:
     """``torch.compile`` the policy's transformer body in place (False: the model has no
-    separate body). A benchmark lever, not what the trainer runs: it fuses the body's
-    norms, RoPE, activations and residual adds (1.27x on the 0.5B update on an H200,
-    ``benchmarks/bench_update.py``), but each new micro-batch shape recompiles, and with
+    separate body); its parameters and state-dict keys stay as they are.
+
+    It fuses the body's norms, RoPE, activations and residual adds (1.27x on the 0.5B
+    update on an H200, ``benchmarks/bench_update.py``). Shapes are static: with
     ``dynamic=True`` the compilation outlasted the 150 s its benchmark was given.
+    Instead :func:`response_hidden` pads every row width to ``width_multiple`` (the
+    padding trails, so causal attention keeps it out of every real token's view),
+    and a run meets only a few shapes, each compiled once.
     """
     parts = split_head(model)
     if parts is None:
         return False
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), COMPILED_SHAPES))
     parts[0].compile(dynamic=dynamic)
+    model.width_multiple = width_multiple  # read by response_logprobs
     return True
 
 
@@ -72,10 +86,10 @@ def split_head(model):
     return body, head
 
 
-def response_hidden(body, batch: Batch) -> torch.Tensor:
+def response_hidden(body, batch: Batch, *, width_multiple: int = 1) -> torch.Tensor:
     """(N, H) the body's last hidden states that predict each of the N sampled response tokens
     (row-major over ``batch.response_mask``), from one left-aligned forward."""
-    input_ids, starts = left_aligned(batch)
+    input_ids, starts = left_aligned(batch, width_multiple=width_multiple)
     hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
     keep = batch.response_mask.bool()  # (b, R)
     rows = torch.arange(batch.size, device=keep.device)[:, None].expand_as(keep)
@@ -89,14 +103,15 @@ def autocast_dtype(tensor: torch.Tensor):
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
-def left_aligned(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def left_aligned(batch: Batch, *, width_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's prompt then response tokens from column 0, padding trailing: (b, L) ids
     and (b,) the column where each row's response starts.
 
     A token then sits at its own position (column = position) and sees exactly
     the tokens before it under a plain causal mask, so the forward needs neither
     position ids nor an attention mask. Trailing padding is never seen by a real
-    token; L stops at the longest row's last sampled token.
+    token; L stops at the longest row's last sampled token, rounded up to a
+    multiple of ``width_multiple`` (a compiled body's few shapes).
     """
     prompt_width = batch.prompt_ids.shape[1]
     prompt_lengths = batch.prompt_mask.sum(dim=1)  # (b,)
@@ -104,6 +119,7 @@ def left_aligned(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     response_ends = (batch.response_mask.bool() * torch.arange(1, response_width + 1, device=batch.response_ids.device)
                      ).amax(dim=1)  # (b,) one past each row's last sampled token
     width = max(1, int((prompt_lengths + response_ends).max()))
+    width = -(-width // width_multiple) * width_multiple
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (b, P+R), prompts left-padded
     source = torch.arange(width, device=ids.device) + (prompt_width - prompt_lengths)[:, None]
     return ids.gather(1, source.clamp(max=ids.shape[1] - 1)), prompt_lengths

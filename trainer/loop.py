@@ -83,7 +83,7 @@ from trainer.batch import Batch
 from trainer.config import ConfigError, TrainerConfig
 from trainer.data import PromptSampler
 from trainer.distill import Teacher
-from trainer.forward import PolicyScorer
+from trainer.forward import PolicyScorer, compile_body
 from trainer.losses import pass_at_k
 from trainer.metrics import MetricsLogger, ProgressBar, SilentLogger, peak_memory_gb
 from trainer.models import load_model_and_tokenizer
@@ -149,6 +149,8 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
     policy = parallel.shard(copy.deepcopy(model), cfg, group) if group.distributed else model
     if cfg.fused_logprobs and device.type == "cuda" and not group.distributed:
         policy.fused_logprobs = True  # read by trainer.forward.response_logprobs
+    if cfg.compile_update and device.type == "cuda" and not group.distributed:
+        compile_body(policy)
     optimizer = precision.optimizer(policy.parameters(), cfg)
     warmup = cfg.num_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -413,6 +415,10 @@ def inert_knobs(cfg, device: torch.device, *, backend: str | None = None, world:
         reasons["fused_logprobs"] = "the fused log-prob expressions are compiled only on CUDA"
     elif world > 1:
         reasons["fused_logprobs"] = "the sharded policy's forward computes its log-probs unfused"
+    if device.type != "cuda":
+        reasons["compile_update"] = "the policy's body is compiled only on CUDA"
+    elif world > 1:
+        reasons["compile_update"] = "the sharded policy's body runs uncompiled"
     if not cfg.use_kl_loss:
         reasons |= dict.fromkeys(("kl_loss_coef", "kl_estimator_type"), "use_kl_loss is false")
     if not cfg.use_entropy_loss:
