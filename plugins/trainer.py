@@ -71,6 +71,8 @@ GPU_STEPS = 4
 GPU_EVAL_LIMIT = 32
 GPU_DEFAULT_SHAPE = "random:qwen2.5-0.5b"
 GPU_TEACHER_SHAPE = "random:qwen2.5-1.5b"  # same tokenizer as the student's shape
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+COMPILE_CACHE_DIR = ".torch-compile-cache"  # in the runs dir (dot names are no grid's)
 
 
 @hookimpl
@@ -196,6 +198,19 @@ def sweep_validate_cell(cell, session):
     except ConfigError as exc:
         return [line.removeprefix("trainer: ") for line in str(exc).splitlines()]
     return gpu_count_errors(cfg, cell.launch().get("gpus"))
+
+
+@hookimpl
+def sweep_cell_env(cell, session):
+    """A trainer cell's ``torch.compile`` cache (inductor's compiled graphs and Triton
+    kernels) in the runs dir, shared by the project's cells and by each cell's chain
+    links: a resumed link, or another cell of the same shape, loads what an earlier
+    process compiled (``compile_update`` compiles for about a minute per shape) instead
+    of compiling it again in its own ``/tmp``. A cache dir set in the environment is kept.
+    """
+    if cell.target.name != "trainer" or os.environ.get(COMPILE_CACHE_ENV):
+        return {}
+    return {COMPILE_CACHE_ENV: str(session.runs_dir / COMPILE_CACHE_DIR)}
 
 
 @hookimpl

@@ -203,3 +203,31 @@ def readme_command(start: str) -> list[str]:
     lines = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith(start)]
     assert len(lines) == 1, f"README has {len(lines)} lines starting with {start!r}"
     return shlex.split(lines[0], comments=True)
+
+
+def test_trainer_cells_share_one_compile_cache_in_the_runs_dir(sweeper):
+    sweeper.grid("train", """
+        import sweepkit as sk
+        base = sk.base(model="tiny-random", dataset="synthetic", device="cpu", backend="hf")
+        lr3 = sk.cell(lr=1e-3)
+    """)
+    sweeper.grid("plain", """
+        import sweepkit as sk
+        target = sk.command("{python}", "-c", "pass")
+        base = sk.base(lr=1.0)
+    """)
+    cache = sweeper.path / "runs" / ".torch-compile-cache"
+    plan = sweeper.run("run", "--dry-run")
+    assert plan.ret == 0, plan
+    blocks = {block.split()[0]: block for block in plan.stdout.split("FRESH")[1:]}
+    assert set(blocks) == {"grids/train.py::base", "grids/train.py::lr3", "grids/plain.py::base"}
+    for cell in ("grids/train.py::base", "grids/train.py::lr3"):
+        assert f"env:  TORCHINDUCTOR_CACHE_DIR={cache}\n" in blocks[cell]
+    assert "TORCHINDUCTOR_CACHE_DIR" not in blocks["grids/plain.py::base"]
+    # The user's own cache dir is theirs: the plugin leaves it to the environment.
+    own = sweeper.run("run", "--dry-run", env={"TORCHINDUCTOR_CACHE_DIR": "/scratch/me/inductor"})
+    assert own.ret == 0 and "TORCHINDUCTOR_CACHE_DIR" not in own.stdout, own
+    # The cache's dot-named dir is no grid's: status lists the grids only.
+    cache.mkdir(parents=True)
+    status = sweeper.run("status")
+    assert status.ret == 0 and "torch-compile-cache" not in status.output, status
