@@ -158,7 +158,6 @@ def smoke(config: dict, target_name: str) -> dict:
         "eval_n_samples_per_prompt": min(config.get("eval_n_samples_per_prompt", SMOKE_EVAL_SAMPLES),
                                          SMOKE_EVAL_SAMPLES),
         "export_final": False,
-        "compile_update": False,
         **_scaled_batches(config, fields),
     }
     if config.get("num_gpus"):
