@@ -674,22 +674,28 @@ def test_zero_advantages_on_a_left_padded_batch_leave_the_weights_alone_on_cuda(
     zero_advantage_update_keeps_weights("cuda", "bfloat16", [256] * 4 + [209] * 4, 64)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_compiled_body_gives_the_eager_log_probs_and_gradients():
-    """compile_update's body (padded widths, two shapes) against the eager body, in fp32."""
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_compiled_body_gives_the_eager_log_probs_and_gradients(device):
+    """compile_update's body (padded widths; two shapes on CUDA, one on the CPU, where
+    inductor compiles for half a minute) against the eager body, in fp32."""
     import copy
 
     from trainer.config import TrainerConfig
     from trainer.forward import compile_body, response_logprobs
     from trainer.models import load_model_and_tokenizer
 
+    torch.set_num_threads(1)
     cfg = TrainerConfig(**PADDED)
-    eager, tokenizer = load_model_and_tokenizer(cfg, device="cuda", dtype="float32")
+    eager, tokenizer = load_model_and_tokenizer(cfg, device=device, dtype="float32")
     compiled = copy.deepcopy(eager)
+    torch._dynamo.utils.counters.clear()
     assert compile_body(compiled)
-    for prompt_lengths in ([9, 9, 3, 3], [150, 20, 5, 5]):  # widths 14 and 155: padded to 128 and 256
-        batch = left_padded_rollout(tokenizer, "cuda", prompt_lengths=prompt_lengths, response_length=5,
+    assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints read as before
+    widths = [[9, 9, 3, 3], [150, 20, 5, 5]]  # widths 14 and 155: padded to 128 and 256
+    for prompt_lengths in widths if device == "cuda" else widths[:1]:
+        batch = left_padded_rollout(tokenizer, device, prompt_lengths=prompt_lengths, response_length=5,
                                     advantages=[1.0, -1.0, 1.0, -1.0])
         results = []
         for model in (eager, compiled):
@@ -698,6 +704,7 @@ def test_cuda_compiled_body_gives_the_eager_log_probs_and_gradients():
             (-(logprobs * batch.advantages[:, None]).sum() - 0.01 * entropy.sum()).backward()
             results.append((logprobs.detach(), [p.grad.clone() for p in model.parameters()]))
         (want, want_grads), (got, got_grads) = results
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         for a, b in zip(got_grads, want_grads):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
