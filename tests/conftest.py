@@ -65,7 +65,10 @@ class Sweeper:
 
     def run(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> SweepResult:
         """Run ``python -m sweepkit ARGS`` (the ``sweep`` command) with the project as cwd."""
-        full_env = {**os.environ, "COLUMNS": "200", "PYTHONDONTWRITEBYTECODE": "1",
+        # Not the test process's compile cache: torch sets TORCHINDUCTOR_CACHE_DIR in
+        # os.environ on its first compile, and sweep would then leave it to the cell.
+        inherited = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+        full_env = {**inherited, "COLUMNS": "200", "PYTHONDONTWRITEBYTECODE": "1",
                     **self.env, **(env or {})}
         # The project dir goes on PYTHONPATH so `-p module` finds modules the test writes.
         full_env["PYTHONPATH"] = os.pathsep.join(

@@ -677,10 +677,13 @@ def test_zero_advantages_on_a_left_padded_batch_leave_the_weights_alone_on_cuda(
 @pytest.mark.parametrize("device", [
     "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
         not torch.cuda.is_available(), reason="needs a CUDA device")])])
-def test_compiled_body_gives_the_eager_log_probs_and_gradients(device):
+def test_compiled_body_gives_the_eager_log_probs_and_gradients(device, monkeypatch, tmp_path):
     """compile_update's body (padded widths; two shapes on CUDA, one on the CPU, where
     inductor compiles for half a minute) against the eager body, in fp32."""
     import copy
+
+    # Inductor writes its cache dir into os.environ; this one goes away with the test.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
 
     from trainer.config import TrainerConfig
     from trainer.forward import compile_body, response_logprobs
