@@ -58,8 +58,9 @@ def compile_body(model, *, dynamic: bool = False, width_multiple: int = COMPILED
     """``torch.compile`` the policy's transformer body in place (False: the model has no
     separate body); its parameters and state-dict keys stay as they are.
 
-    It fuses the body's norms, RoPE, activations and residual adds (1.27x on the 0.5B
-    update on an H200, ``benchmarks/bench_update.py``). Shapes are static: with
+    It fuses the body's norms, RoPE, activations and residual adds (1.38x on a 0.5B
+    micro-batch of the update on an H200, ``benchmarks/bench_update.py``; about a
+    minute of compilation for its first shape). Shapes are static: with
     ``dynamic=True`` the compilation outlasted the 150 s its benchmark was given.
     Instead :func:`response_hidden` pads every row width to ``width_multiple`` (the
     padding trails, so causal attention keeps it out of every real token's view),
