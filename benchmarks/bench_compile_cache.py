@@ -46,10 +46,12 @@ def child(args) -> dict:
     from trainer.config import TrainerConfig
     from trainer.forward import compile_body, response_logprobs
     from trainer.models import load_model_and_tokenizer
+    from trainer.precision import Precision
 
     device = torch.device(args.device)
-    model, _ = load_model_and_tokenizer(TrainerConfig(model=args.model, dataset="gsm8k"), device=device,
-                                        dtype="float32")
+    cfg = TrainerConfig(model=args.model, dataset="gsm8k")
+    model, _ = load_model_and_tokenizer(cfg, device=device, dtype="float32")
+    precision = Precision.for_run(cfg, device)  # the trainer's: bf16 autocast on CUDA
     compile_body(model)
     generator = torch.Generator().manual_seed(0)
     rows, prompt, response = args.rows, args.prompt_length, args.response_length
@@ -58,14 +60,12 @@ def child(args) -> dict:
                   prompt_mask=torch.ones(rows, prompt, dtype=torch.long, device=device),
                   response_ids=torch.randint(0, vocab, (rows, response), generator=generator).to(device),
                   response_mask=torch.ones(rows, response, device=device))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-        "cpu", enabled=False)
     times = []
     for _ in range(2):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        with autocast:
+        with precision.autocast():
             logprobs, _ = response_logprobs(model, batch, 1.0)
         logprobs.sum().backward()
         if device.type == "cuda":

@@ -119,7 +119,6 @@ class Problem:
 class Schema:
     """The config tree of one installed SkyRL; ``source`` says which (version and file)."""
 
-    layout: str
     source: str
     tree: Tree
 
@@ -210,7 +209,7 @@ def fork_schema() -> Schema:
     with initialize_config_dir(config_dir=str(config.CONFIG_DIR), version_base=None):
         composed = compose(config_name=config.DEFAULT_CONFIG_NAME)
     tree = _yaml_tree(OmegaConf.to_container(composed, resolve=False))
-    return Schema(layout=FORK.name, tree=tree,
+    return Schema(tree=tree,
                   source=f"the fork layout's config ({_version(FORK.distribution, config)}, "
                          f"skyrl_train/config/{config.DEFAULT_CONFIG_NAME})")
 
@@ -247,7 +246,7 @@ def _dataclass_tree(cls: type, depth: int = 0) -> Tree:
 def upstream_schema() -> Schema:
     """The fields of ``skyrl.train.config.SkyRLTrainConfig``, nested dataclasses as sections."""
     config = importlib.import_module("skyrl.train.config")
-    return Schema(layout=UPSTREAM.name, tree=_dataclass_tree(config.SkyRLTrainConfig),
+    return Schema(tree=_dataclass_tree(config.SkyRLTrainConfig),
                   source=f"upstream SkyRL's config ({_version(UPSTREAM.distribution, config)}, SkyRLTrainConfig)")
 
 

@@ -220,9 +220,9 @@ def sweep_cell_gpus(cell, session):
     plain cell still runs on a machine without GPUs."""
     if cell.target.name != "trainer":
         return None
-    config = cell.target_config()
-    num_gpus = config.get("num_gpus", 1)
-    if config.get("device", "auto") == "cpu" or not isinstance(num_gpus, int) or num_gpus <= 1:
+    config, fields = cell.target_config(), schema()
+    num_gpus = config.get("num_gpus", fields["num_gpus"]["default"])
+    if config.get("device", fields["device"]["default"]) == "cpu" or not isinstance(num_gpus, int) or num_gpus <= 1:
         return None
     return num_gpus
 

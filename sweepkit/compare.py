@@ -99,8 +99,7 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
 
     def side(frame: pl.DataFrame, suffix: str) -> pl.LazyFrame:
         status = [pl.col("status").alias(f"status_{suffix}")] if "status" in frame.columns else []
-        values = [(pl.col(name).cast(pl.Float64).fill_nan(None) if name in frame.columns
-                   else pl.lit(None, dtype=pl.Float64)).alias(f"{name}_{suffix}") for name in columns]
+        values = _numbers(frame, columns, suffix=f"_{suffix}")
         return frame.lazy().select(pl.col(KEY), pl.lit(True).alias(f"_in_{suffix}"), *status, *values)
 
     joined = side(a, "a").join(side(b, "b"), on=KEY, how="full", coalesce=True, maintain_order="left_right")
@@ -165,9 +164,11 @@ def _pooled_noise(stacked: pl.LazyFrame, columns: Sequence[str], spread: float) 
             if sums[f"{name}_dof"] and sums[name] is not None and not math.isnan(sums[name])}
 
 
-def _numbers(frame: pl.DataFrame, columns: Sequence[str]) -> list[pl.Expr]:
+def _numbers(frame: pl.DataFrame, columns: Sequence[str], *, suffix: str = "") -> list[pl.Expr]:
+    """Each of ``columns`` as Float64 with NaN as null (null where ``frame`` lacks it), named
+    with ``suffix``."""
     return [(pl.col(name).cast(pl.Float64).fill_nan(None) if name in frame.columns
-             else pl.lit(None, dtype=pl.Float64)).alias(name) for name in columns]
+             else pl.lit(None, dtype=pl.Float64)).alias(f"{name}{suffix}") for name in columns]
 
 
 def noise_from_repeats(tables: Sequence[pl.DataFrame], *, columns: Sequence[str],

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import polars as pl
 
+from sweepkit.renderers import write_atomic
+
 # (column of the per-step frame, chart title)
 CURVES = (
     ("reward/mean", "reward (reward/mean)"),
@@ -285,8 +287,5 @@ def write_page(path: Path, *, grid: str, tables: dict[str, pl.DataFrame], steps:
         "</body>",
         "</html>",
     ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text("\n".join(part for part in parts if part) + "\n", encoding="utf-8")
-    temp.replace(path)
-    return path
+    text = "\n".join(part for part in parts if part) + "\n"
+    return write_atomic(path, lambda temp: temp.write_text(text, encoding="utf-8"))

@@ -230,8 +230,6 @@ SCREEN = {
 }
 # Shares of the step's time, shown as percentages.
 FRACTIONS = ("gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac")
-# Columns only some runs have (OPD's teacher): left out of a printed table where every row is empty.
-OPTIONAL = ("teacher_frac", "kl_first", "kl_last")
 
 
 def _screen_value(column: str, value) -> Text:
@@ -254,7 +252,6 @@ def _screen_value(column: str, value) -> Text:
 
 def print_screen_table(console: Console, title: str, frame) -> None:
     """One report table fitted to the console (``sweepkit.tables``), a line a cell."""
-    frame = frame.drop([name for name in OPTIONAL if name in frame.columns and frame[name].is_null().all()])
     columns = [SCREEN.get(name, Column(header=name)) for name in frame.columns]
     rows = [[_screen_value(column, value) for column, value in row.items()] for row in frame.iter_rows(named=True)]
     dropped = print_table(console, columns, rows, title=title)

@@ -357,7 +357,7 @@ def make_report(session, specs, fmt: str = "table", table: str | None = None) ->
             for line in file_warnings(st.view(directory), session.display_path):
                 session.err_console.print(f"WARNING: {line}", markup=False)
         report = collect_report(grid_frames(grid_dir, cells), registry.tables, report_dir=grid_dir / REPORT_DIR,
-                                shown=tuple(registry.tables) if table is None else (table,))
+                                shown=None if table is None else (table,))
         written = [path for name, other in registry.formats.items()
                    if other.write is not None and (other.always or name == fmt) for path in other.write(report)]
         if spec.show is not None:

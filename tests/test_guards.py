@@ -8,7 +8,7 @@ import math
 import pytest
 
 from sweepkit_plugins.guards import asks_at_least, entropy_collapse, nonfinite_loss, reward_flat
-from test_run import script_grid, started
+from test_run import script_grid, started, state_of
 
 
 def _train(**series):
@@ -108,7 +108,7 @@ def test_a_probe_whose_ceiling_already_failed_is_stopped_and_says_which(cpu_swee
     assert result.ret == 0, result  # every probe failed as expected
     rule = "ceiling probe: grids/g.py::gmu090 already failed OOM as expected, and this cell asks at least as much"
     assert f"STOPPING      grids/g.py::gmu095  guard: {rule} (gpu_memory_utilization=0.95 > 0.9)" in result.stdout
-    stopped = json.loads((cpu_sweeper.path / "runs/g/gmu095/state.json").read_text())["attempts"][-1]
+    stopped = state_of(cpu_sweeper, "g", "gmu095")["attempts"][-1]
     assert stopped["failure_class"] == "GUARD" and stopped["failure"].startswith(f"guard: {rule}")
     steps = (cpu_sweeper.path / "runs/g/gmu095/metrics.jsonl").read_text().splitlines()
     assert len(steps) < 4  # stopped before the step at which it would have hit the ceiling

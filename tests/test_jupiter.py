@@ -67,15 +67,15 @@ def test_cells_within_the_rules_pass(rules_run, cell):
     assert errors_of(rules_run, cell) == [], rules_run
 
 
-def collected_cells(sweeper: Sweeper):
-    """The collected cells of the grid, through the real collection and plugins."""
+def collected_cells(sweeper: Sweeper, key=lambda cell: cell.name):
+    """The collected cells of the grid, through the real collection and plugins, by ``key``."""
     from sweepkit.cli import start_session
     from sweepkit.collect import collect
 
     session = start_session(["list", "--cluster", "jupiter", "--rootdir", str(sweeper.path),
                              str(sweeper.path / "grids")])
     session.configure()
-    return session, {cell.name: cell for cell in collect(session, [str(sweeper.path / "grids")]).cells}
+    return session, {key(cell): cell for cell in collect(session, [str(sweeper.path / "grids")]).cells}
 
 
 def test_job_pieces_of_a_multi_node_cell(sweeper):

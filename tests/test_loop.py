@@ -545,25 +545,27 @@ def test_training_attention_is_plain_causal_over_left_aligned_rows(monkeypatch):
     assert calls and all(mask is None and causal and length == 14 for mask, causal, length in calls)
 
 
-def test_left_aligned_rows_stop_at_the_longest_sampled_token():
+def two_rows():
+    """Prompts of 2 and 4 tokens with responses of 3 and 1."""
     from trainer.batch import Batch
-    from trainer.forward import left_aligned
     from trainer.rollout import Generation
 
     generation = Generation.from_rows([[5, 6, 7], [8]], stopped=[True, True], pad_id=0, device="cpu")
-    batch = Batch.from_generation([[1, 2], [3, 4, 9, 9]], generation, n=1, pad_id=0, device="cpu")
-    ids, starts = left_aligned(batch)
+    return Batch.from_generation([[1, 2], [3, 4, 9, 9]], generation, n=1, pad_id=0, device="cpu")
+
+
+def test_left_aligned_rows_stop_at_the_longest_sampled_token():
+    from trainer.forward import left_aligned
+
+    ids, starts = left_aligned(two_rows())
     assert starts.tolist() == [2, 4]
     assert ids[:, :5].tolist() == [[1, 2, 5, 6, 7], [3, 4, 9, 9, 8]] and ids.shape[1] == 5
 
 
 def test_left_aligned_widths_round_up_to_the_compiled_multiple():
-    from trainer.batch import Batch
     from trainer.forward import left_aligned
-    from trainer.rollout import Generation
 
-    generation = Generation.from_rows([[5, 6, 7], [8]], stopped=[True, True], pad_id=0, device="cpu")
-    batch = Batch.from_generation([[1, 2], [3, 4, 9, 9]], generation, n=1, pad_id=0, device="cpu")
+    batch = two_rows()
     ids, starts = left_aligned(batch, width_multiple=8)
     assert ids.shape == (2, 8) and starts.tolist() == [2, 4]
     assert ids[:, :5].tolist() == left_aligned(batch)[0].tolist()

@@ -28,17 +28,22 @@ def skyrl_reward(completion: str, answer: str) -> float:
     return float(env.GSM8kEnv(extras={"reward_spec": {"ground_truth": ground_truth}}).step(completion)["reward"])
 
 
-def disagreements(pairs) -> list[tuple[int, int, float, float]]:
-    """``(completion row, answer row, SkyRL's reward, the trainer's)`` where they differ."""
-    return [(i, j, theirs, ours) for i, j, completion, answer in pairs
-            if (theirs := skyrl_reward(completion, answer)) != (ours := gsm8k_reward(completion, answer))]
+def scored(pairs) -> list[tuple[int, int, float, float]]:
+    """``(completion row, answer row, SkyRL's reward, the trainer's)`` of every pair."""
+    return [(i, j, skyrl_reward(completion, answer), gsm8k_reward(completion, answer))
+            for i, j, completion, answer in pairs]
+
+
+def disagreements(scores) -> list[tuple[int, int, float, float]]:
+    """The scored pairs on which SkyRL and the trainer differ."""
+    return [score for score in scores if score[2] != score[3]]
 
 
 def test_every_gold_scores_one_with_both(gsm8k_test_rows):
     assert len(gsm8k_test_rows) == 1319
-    golds = [(i, i, row["answer"], row["answer"]) for i, row in enumerate(gsm8k_test_rows)]
-    assert disagreements(golds) == []
-    assert all(skyrl_reward(row["answer"], row["answer"]) == 1.0 for row in gsm8k_test_rows)
+    scores = scored([(i, i, row["answer"], row["answer"]) for i, row in enumerate(gsm8k_test_rows)])
+    assert disagreements(scores) == []
+    assert all(theirs == 1.0 for _, _, theirs, _ in scores)
 
 
 def test_shuffled_pairs_score_the_same_with_both(gsm8k_test_rows):
@@ -47,10 +52,11 @@ def test_shuffled_pairs_score_the_same_with_both(gsm8k_test_rows):
     random.Random(0).shuffle(order)
     neighbours = [(i, (i + 1) % len(rows)) for i in range(len(rows))]
     pairs = [(i, j, rows[i], rows[j]) for i, j in [*enumerate(order), *neighbours] if i != j]
-    assert len(pairs) > 2600 and disagreements(pairs) == []
+    scores = scored(pairs)
+    assert len(pairs) > 2600 and disagreements(scores) == []
     # Not vacuous: answers repeat across questions, so some pairs pay 1.0 with both.
-    paid = [(i, j) for i, j, completion, answer in pairs if skyrl_reward(completion, answer) == 1.0]
-    assert 0 < len(paid) < 100 and all(gsm8k_reward(rows[i], rows[j]) == 1.0 for i, j in paid)
+    paid = [(ours, theirs) for _, _, theirs, ours in scores if theirs == 1.0]
+    assert 0 < len(paid) < 100 and all(ours == 1.0 for ours, _ in paid)
 
 
 @pytest.mark.parametrize("completion, gold, skyrl, ours", [

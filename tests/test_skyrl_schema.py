@@ -43,10 +43,7 @@ def layout(request) -> str:
 def collected(sweeper: Sweeper):
     """The session and the collected cells of every grid, by node id (cell names repeat
     across grids)."""
-    session, _ = collected_cells(sweeper)
-    from sweepkit.collect import collect
-
-    return session, {cell.nodeid: cell for cell in collect(session, [str(sweeper.path / "grids")]).cells}
+    return collected_cells(sweeper, key=lambda cell: cell.nodeid)
 
 
 def gsm8k_grids_as_skyrl(sweeper: Sweeper, layout: str) -> None:

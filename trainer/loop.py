@@ -147,10 +147,10 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
     # What trains: the model itself, or (several ranks) a sharded copy; ``model`` stays the full
     # policy the engine samples from, the scorers read and checkpoints are written from.
     policy = parallel.shard(copy.deepcopy(model), cfg, group) if group.distributed else model
-    if cfg.fused_logprobs and device.type == "cuda" and not group.distributed:
-        policy.fused_logprobs = True  # read by trainer.forward.response_logprobs
-    if cfg.compile_update and device.type == "cuda" and not group.distributed:
-        compile_body(policy)
+    if device.type == "cuda" and not group.distributed:
+        policy.fused_logprobs = cfg.fused_logprobs  # read by trainer.forward.response_logprobs
+        if cfg.compile_update:
+            compile_body(policy)
     optimizer = precision.optimizer(policy.parameters(), cfg)
     warmup = cfg.num_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -413,11 +413,9 @@ def inert_knobs(cfg, device: torch.device, *, backend: str | None = None, world:
             reasons["num_gpus"] = "device='cuda' trains on one GPU (num_gpus=0 means the CPU under device='auto')"
     if device.type != "cuda":
         reasons["fused_logprobs"] = "the fused log-prob expressions are compiled only on CUDA"
-    elif world > 1:
-        reasons["fused_logprobs"] = "the sharded policy's forward computes its log-probs unfused"
-    if device.type != "cuda":
         reasons["compile_update"] = "the policy's body is compiled only on CUDA"
     elif world > 1:
+        reasons["fused_logprobs"] = "the sharded policy's forward computes its log-probs unfused"
         reasons["compile_update"] = "the sharded policy's body runs uncompiled"
     if not cfg.use_kl_loss:
         reasons |= dict.fromkeys(("kl_loss_coef", "kl_estimator_type"), "use_kl_loss is false")

@@ -110,8 +110,9 @@ def spread_gpus(gpus: int, nodes: int | None, node_size: int | None) -> tuple[in
     return nodes, share
 
 
-def request_for(cell, session) -> sb.JobRequest:
-    """The job request of ``cell``: its launch keys, overridden by a cluster's pieces."""
+def request_for(cell, session, *, gpus: int) -> sb.JobRequest:
+    """The job request of ``cell``, whose job has ``gpus`` GPUs: its launch keys, overridden
+    by a cluster's pieces."""
     launch = cell.launch()
     pieces = session.hook.sweep_job_resources(cell=cell, session=session)
 
@@ -121,7 +122,7 @@ def request_for(cell, session) -> sb.JobRequest:
 
     nodes, gpus_per_node = piece("nodes", launch.get("num_nodes")), piece("gpus_per_node")
     if gpus_per_node is None:
-        nodes, gpus_per_node = spread_gpus(pl.cell_gpus(cell, session), None if nodes is None else int(nodes),
+        nodes, gpus_per_node = spread_gpus(gpus, None if nodes is None else int(nodes),
                                            launch.get("gpus_per_node"))
     time_limit = piece("time_limit")
     if time_limit is None and launch.get("time_limit") is not None:
@@ -349,7 +350,7 @@ class SlurmExecutor(Executor):
     def bind(self, job: CellJob, cell) -> CellJob:
         self._check_interpreter(cell)
         try:
-            request = request_for(cell, self.session)
+            request = request_for(cell, self.session, gpus=job.gpus)
             job = wrap_argv(job, cell, self.session)
             # A line break in the command or env, which would end the script's comment, is
             # refused now rather than at submit time.
