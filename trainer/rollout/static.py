@@ -34,9 +34,11 @@ engine takes those two ideas and nothing else:
   (``compile_decode``, on by default: it fuses the norms, RoPE, cache writes and the
   sampler's passes over the vocabulary, which a graph alone still runs as ~20 small
   kernels a layer); otherwise it runs eagerly (always on CPU, which
-  is how CI tests the same code). Attention is SDPA with the grouped queries of
-  a KV head as its query rows (``(b, kv_heads, q_per_kv, d)`` against the
-  cache's ``(b, kv_heads, columns, d)``), so GQA needs no repeated K/V.
+  is how CI tests the same code). Attention (:mod:`trainer.rollout.attention`,
+  ``decode_attention``) takes the grouped queries of a KV head as its query rows
+  (``(b, kv_heads, q_per_kv, d)`` against the cache's ``(b, kv_heads, columns, d)``),
+  so GQA needs no repeated K/V: on CUDA a split-KV Triton kernel that reads only
+  the columns in use, elsewhere SDPA over every column with a mask.
 * **Stopping**: a row is done after its first stop token (the model's eos ids);
   done rows keep running with their outputs masked, and the host looks at the
   done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token.
@@ -60,6 +62,7 @@ import torch.nn.functional as F
 from trainer.rollout import (
     BackendUnavailable, Generation, RolloutEngine, SamplingParams, pad_token_id, stop_token_ids,
 )
+from trainer.rollout import attention as decode_attention
 from trainer.rollout.sampling import sample_tokens
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
@@ -94,7 +97,8 @@ class StaticEngine(RolloutEngine):
     reports_logprobs = True
 
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
-                 memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False):
+                 memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
+                 attention: str = "auto"):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -105,6 +109,10 @@ class StaticEngine(RolloutEngine):
             raise UnsupportedModel("backend='static' does not implement sliding-window attention; use backend='hf'")
         self.device = torch.device(device)
         self.dtype = dtype
+        try:
+            self.attention = decode_attention.choose(attention, self.device)
+        except ValueError as error:
+            raise BackendUnavailable(str(error)) from None
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.stop_ids)
@@ -158,7 +166,8 @@ class StaticEngine(RolloutEngine):
         return cls(model, tokenizer, device=device, dtype=dtype, max_rows=max_rows,
                    max_columns=cfg.max_prompt_length + cfg.max_generate_length,
                    memory_fraction=cfg.gpu_memory_utilization, cuda_graphs=not cfg.enforce_eager,
-                   compile_step=cfg.compile_decode and not cfg.enforce_eager)
+                   compile_step=cfg.compile_decode and not cfg.enforce_eager,
+                   attention=cfg.decode_attention)
 
     @classmethod
     def inert_knobs(cls, cfg) -> dict[str, str]:
@@ -168,6 +177,8 @@ class StaticEngine(RolloutEngine):
             reasons["enforce_eager"] = "CUDA graphs need a CUDA device; on the CPU every step runs eagerly"
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs"
             reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
+            if cfg.decode_attention == "auto":
+                reasons["decode_attention"] = "on the CPU 'auto' is sdpa (the split-kv kernel needs CUDA)"
         elif cfg.enforce_eager:
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs (enforce_eager=False)"
         return reasons
@@ -399,14 +410,11 @@ class StaticEngine(RolloutEngine):
         top_k, top_p_on, greedy = mode
         cos = self.cos[self.positions[:b]][:, None]  # (b, 1, d)
         sin = self.sin[self.positions[:b]][:, None]
-        valid = (self.all_columns[None, :] >= self.first_column[:b, None]) & (self.all_columns[None, :] <= self.column)
-        # An additive mask, built once a step: SDPA would turn a boolean one into this in every layer.
-        mask = torch.zeros(valid.shape, dtype=self.dtype, device=self.device).masked_fill_(~valid, float("-inf"))
-        mask = mask[:, None, None, :]  # (b, 1, 1, columns)
+        context = self.attention.prepare(self, b)  # what attention reads this step (a mask, or the columns)
         h = self.embed[self.tokens[:b]]  # (b, H)
         for index, layer in enumerate(self.layers):
             h = self._layer_step(self, h, layer, self.cache[index, 0, :b], self.cache[index, 1, :b],
-                                 cos, sin, mask)
+                                 cos, sin, context)
         # The noise is drawn outside the (maybe compiled) sampler: native RNG kernels advance
         # their offset on each graph replay.
         noise = None if greedy else torch.empty((b, top_k if 0 < top_k < self.vocab else self.vocab), device=self.device
@@ -426,7 +434,7 @@ class StaticEngine(RolloutEngine):
         """The cache stays allocated: captured graphs hold its address (it was sized for that)."""
 
 
-def _decode_layer(engine: StaticEngine, h, layer: Layer, cache_k, cache_v, cos, sin, mask):
+def _decode_layer(engine: StaticEngine, h, layer: Layer, cache_k, cache_v, cos, sin, context):
     """One layer of one decode step for b rows: h (b, H) -> (b, H); writes K/V at the step's column."""
     b = h.shape[0]
     x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
@@ -435,7 +443,7 @@ def _decode_layer(engine: StaticEngine, h, layer: Layer, cache_k, cache_v, cos, 
     cache_v.index_copy_(2, engine.column, v[:, :, None])
     group = engine.q_heads // engine.kv_heads
     grouped = q.reshape(b, engine.kv_heads, group, engine.head_dim)  # the queries of each KV head as rows
-    attended = F.scaled_dot_product_attention(grouped, cache_k, cache_v, attn_mask=mask)
+    attended = engine.attention.attend(grouped, cache_k, cache_v, context)
     h = torch.addmm(h, attended.reshape(b, -1), layer.out.T)  # the residual add inside the matmul
     gate, up = F.linear(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer.gate_up).chunk(2, -1)
     return torch.addmm(h, F.silu(gate) * up, layer.down.T)

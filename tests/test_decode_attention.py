@@ -1,0 +1,129 @@
+"""The split-KV decode kernel against SDPA, on a GPU and under Triton's CPU interpreter.
+
+The kernel tests run where Triton can run them: on CUDA (``gpu``), and on the CPU when
+``TRITON_INTERPRET=1`` was set before Triton was imported. CI has no GPU, so
+``test_the_kernel_tests_pass_under_the_triton_interpreter`` runs this file's kernel
+tests again in a child pytest with that variable set.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.models import load_model_and_tokenizer
+from trainer.rollout import BackendUnavailable, SamplingParams
+from trainer.rollout import attention
+from trainer.rollout.attention import SPLIT, choose, split_kv_decode, split_kv_reference
+from trainer.rollout.static import StaticEngine
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and attention.triton is not None
+DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1"),
+                        id="interpreted"),
+           pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+               not torch.cuda.is_available() or attention.triton is None, reason="needs CUDA and Triton")],
+                        id="cuda")]
+COLUMNS = 2 * SPLIT + 64  # three splits, the last one partly past the cache's end
+
+
+def cache_and_queries(device, dtype, rows=4, kv_heads=2, group=7, d=64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    cache = torch.randn((2, rows, kv_heads, COLUMNS, d), generator=generator).to(device, dtype)
+    # The engine's queries: a view of the fused qkv projection, (b, kv_heads, group, d), not contiguous.
+    qkv = torch.randn((rows, (kv_heads * group + 2 * kv_heads) * d), generator=generator).to(device, dtype)
+    q = qkv[:, : kv_heads * group * d].reshape(rows, kv_heads, group, d)
+    return q, cache[0], cache[1]
+
+
+# (each row's first column, the step's column): splits wholly unused, a first column inside a
+# split and inside a block, a column on a split's last and first columns, one column in use.
+SPANS = [([0, 5, 70, 130], 200), ([0, 0, 0, 0], 0), ([3, 64, 127, 127], 127), ([0, 1, 2, 128], 128),
+         ([10, 20, 250, 300], COLUMNS - 1), ([0, 0, 0, 0], SPLIT - 1)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_split_kv_equals_masked_sdpa(device, dtype):
+    q, cache_k, cache_v = cache_and_queries(device, dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 1.6e-2  # bf16: an output rounding or two
+    for first, column in SPANS:
+        first = torch.tensor(first, device=device)
+        column = torch.tensor([column], device=device)
+        ours = split_kv_decode(q, cache_k, cache_v, first, column)
+        reference = split_kv_reference(q, cache_k, cache_v, first, column)
+        assert ours.shape == q.shape and ours.dtype == dtype and ours.is_contiguous()
+        error = (ours.float() - reference.float()).abs().max().item()
+        assert error <= tolerance, (first.tolist(), column.item(), error)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_columns_a_row_does_not_use_do_not_reach_its_output(device):
+    q, cache_k, cache_v = cache_and_queries(device, torch.float32, rows=2)
+    first, column = torch.tensor([5, 140], device=device), torch.tensor([190], device=device)
+    before = split_kv_decode(q, cache_k, cache_v, first, column)
+    cache_k, cache_v = cache_k.clone(), cache_v.clone()
+    for tensor in (cache_k, cache_v):
+        tensor[0, :, :5] = float("nan")  # left padding
+        tensor[1, :, :140] = float("nan")
+        tensor[:, :, 191:] = float("nan")  # columns not written yet
+    after = split_kv_decode(q, cache_k, cache_v, first, column)
+    assert torch.equal(after, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_engine_decodes_the_same_text_with_either_attention(device):
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device=device,
+                                                dtype="float32")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.mul_(8.0)  # varied greedy text
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("Tom has 3 apples", "x", "12 * 7 =")]
+    args = dict(device=device, dtype=torch.float32, max_rows=4, max_columns=64)
+    split = StaticEngine(model, tokenizer, attention="split-kv", **args)
+    sdpa = StaticEngine(model, tokenizer, attention="sdpa", **args)
+    assert split.attention.name == "split-kv" and sdpa.attention.name == "sdpa"
+    greedy = SamplingParams(n=1, max_new_tokens=12, temperature=0.0)
+    ours, theirs = split.generate(prompts, greedy), sdpa.generate(prompts, greedy)
+    assert ours.token_lists() == theirs.token_lists()
+    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
+
+
+def test_auto_is_sdpa_on_the_cpu_and_split_kv_there_is_refused_by_name():
+    cpu = torch.device("cpu")
+    if not INTERPRETED:
+        assert choose("auto", cpu).name == "sdpa"
+        with pytest.raises(ValueError, match="'split-kv'.*TRITON_INTERPRET=1.*'sdpa'"):
+            choose("split-kv", cpu)
+    with pytest.raises(ValueError, match="'flash'.*auto, sdpa, split-kv"):
+        choose("flash", cpu)
+
+
+def test_an_engine_asked_for_split_kv_where_it_cannot_run_says_so():
+    if INTERPRETED:
+        pytest.skip("the interpreter runs split-kv on the CPU")
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device="cpu",
+                                                dtype="float32")
+    with pytest.raises(BackendUnavailable, match="split-kv"):
+        StaticEngine(model, tokenizer, device="cpu", dtype=torch.float32, max_rows=2, max_columns=64,
+                     attention="split-kv")
+
+
+@pytest.mark.skipif(attention.triton is None, reason="Triton is not installed")
+@pytest.mark.skipif(INTERPRETED, reason="this is the outer run")
+@pytest.mark.timeout(600)
+def test_the_kernel_tests_pass_under_the_triton_interpreter():
+    here = Path(__file__)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(here),
+         "-k", "interpreted"],
+        cwd=here.parents[1], env=os.environ | {"TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=580)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "4 passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]

@@ -1,0 +1,203 @@
+"""Decode attention for the static engine: one query token per row against its KV cache.
+
+Two implementations behind one call, picked by name (:data:`DECODE_ATTENTION`):
+
+* ``sdpa``: ``F.scaled_dot_product_attention`` with an additive mask over every cache
+  column, built once a step. Runs anywhere; on the CPU it is the only choice.
+* ``split-kv``: flash decoding in Triton. SDPA's fused kernels give one thread block
+  to each (row, KV head) and read all the cache's columns, so a decode step of 128
+  rows keeps a few hundred blocks busy on a 132-SM GPU and reads padding and unused
+  columns. Here each program takes one (row, KV head, split of ``SPLIT`` columns),
+  reads only the columns its row uses (``[first_column[row], column]``; a split past
+  the step's column returns at once), and a second kernel merges the splits'
+  partial outputs by their log-sum-exp. The query heads of a KV head are the rows
+  of one tile (GQA without repeating K/V).
+
+Both take the step's state from device tensors, so a CUDA graph replays either. The
+Triton kernels also run on the CPU under ``TRITON_INTERPRET=1``, which is how CI
+checks them against ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU-only install: sdpa is the only choice
+    triton = None
+
+SPLIT = 128  # cache columns per program (a multiple of BLOCK)
+BLOCK = 64  # columns per inner iteration
+MIN_GROUP_TILE = 16  # tl.dot's smallest tile: the query heads of a KV head are padded to it
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether the Triton kernels can run on tensors of this device."""
+    if triton is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class SdpaDecode:
+    """SDPA over every column, with an additive mask for the columns a row does not use."""
+
+    name = "sdpa"
+
+    @staticmethod
+    def prepare(engine, b: int):
+        columns = engine.all_columns[None, :]
+        valid = (columns >= engine.first_column[:b, None]) & (columns <= engine.column)
+        # An additive mask, built once a step: SDPA would turn a boolean one into this in every layer.
+        mask = torch.zeros(valid.shape, dtype=engine.dtype, device=engine.device).masked_fill_(~valid, float("-inf"))
+        return mask[:, None, None, :]  # (b, 1, 1, columns)
+
+    @staticmethod
+    def attend(q, cache_k, cache_v, context):
+        """q (b, kv_heads, group, d) against the cache's (b, kv_heads, columns, d) -> q's shape."""
+        return F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=context)
+
+
+class SplitKvDecode:
+    """Flash decoding: the columns in use, split across programs, merged by log-sum-exp."""
+
+    name = "split-kv"
+
+    @staticmethod
+    def prepare(engine, b: int):
+        return engine.first_column[:b], engine.column
+
+    @staticmethod
+    def attend(q, cache_k, cache_v, context):
+        first_column, column = context
+        return torch.ops.trainer.split_kv_decode(q, cache_k, cache_v, first_column, column)
+
+
+DECODE_ATTENTION = {impl.name: impl for impl in (SdpaDecode, SplitKvDecode)}
+
+
+def choose(name: str, device: torch.device):
+    """The implementation for ``name`` (``auto``: split-kv where Triton runs, else sdpa)."""
+    if name == "auto":
+        name = "split-kv" if device.type == "cuda" and triton_runs_on(device) else "sdpa"
+    if name not in DECODE_ATTENTION:
+        raise ValueError(f"decode attention {name!r}: choose one of auto, {', '.join(DECODE_ATTENTION)}")
+    if name == "split-kv" and not triton_runs_on(device):
+        why = "Triton is not installed" if triton is None else f"Triton does not run on {device.type} tensors"
+        raise ValueError(f"decode attention 'split-kv': {why} (on the CPU it runs only under TRITON_INTERPRET=1); "
+                         f"use 'sdpa'")
+    return DECODE_ATTENTION[name]
+
+
+def split_kv_reference(q, cache_k, cache_v, first_column, column):
+    """What ``split_kv_decode`` computes, in plain torch (the tests' reference)."""
+    columns = torch.arange(cache_k.shape[2], device=q.device)
+    valid = (columns[None, :] >= first_column[:, None]) & (columns[None, :] <= column)
+    mask = valid[:, None, None, :]
+    return F.scaled_dot_product_attention(q.float(), cache_k.float(), cache_v.float(), attn_mask=mask).to(q.dtype)
+
+
+@torch.library.custom_op("trainer::split_kv_decode", mutates_args=())
+def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, first_column: torch.Tensor,
+                    column: torch.Tensor) -> torch.Tensor:
+    """q (b, kv_heads, group, d); cache_k/v (b, kv_heads, columns, d), d contiguous;
+    first_column (b,) and column (1,) long: row r attends to columns [first_column[r], column]."""
+    b, kv_heads, group, d = q.shape
+    columns = cache_k.shape[2]
+    if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("split_kv_decode needs the head dimension contiguous")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"split_kv_decode needs a power-of-two head dimension of at least 16, not {d}")
+    splits = -(-columns // SPLIT)
+    group_tile = max(MIN_GROUP_TILE, triton.next_power_of_2(group))
+    partial = torch.empty((b, kv_heads, splits, group_tile, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((b, kv_heads, splits, group_tile), dtype=torch.float32, device=q.device)
+    _split_kernel[(b, kv_heads, splits)](
+        q, cache_k, cache_v, first_column, column, partial, lse,
+        *q.stride()[:3], *cache_k.stride()[:3], *cache_v.stride()[:3],
+        1.0 / math.sqrt(d),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", GROUP=group, GROUP_TILE=group_tile, D=d, SPLIT=SPLIT, BLOCK=BLOCK, num_warps=4, num_stages=2)
+    out = torch.empty((b, kv_heads, group, d), dtype=q.dtype, device=q.device)
+    _merge_kernel[(b, kv_heads)](
+        partial, lse, out, splits, GROUP=group, GROUP_TILE=group_tile, D=d,
+        SPLITS_TILE=triton.next_power_of_2(splits), num_warps=4)
+    return out
+
+
+@split_kv_decode.register_fake
+def _(q, cache_k, cache_v, first_column, column):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _split_kernel(q_ptr, k_ptr, v_ptr, first_ptr, column_ptr, partial_ptr, lse_ptr,
+                      q_sb, q_sh, q_sg, k_sb, k_sh, k_sc, v_sb, v_sh, v_sc, scale,
+                      PRECISION: tl.constexpr, GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, D: tl.constexpr,
+                      SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        row, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        splits = tl.num_programs(2)
+        first = tl.load(first_ptr + row)
+        last = tl.load(column_ptr)  # inclusive
+        lo = tl.maximum(split * SPLIT, first)
+        hi = tl.minimum((split + 1) * SPLIT, last + 1)
+        g = tl.arange(0, GROUP_TILE)
+        d = tl.arange(0, D)
+        # Tiles in fp32: the kernel is bound by reading the cache, not by its multiplies. tl.dot
+        # runs them as tf32 for a bf16 cache (exact for its bf16 inputs) and as full fp32 for an
+        # fp32 one, so an fp32 engine's greedy text stays the model's.
+        q = tl.load(q_ptr + row * q_sb + head * q_sh + g[:, None] * q_sg + d[None, :],
+                    mask=g[:, None] < GROUP, other=0.0).to(tl.float32)
+        m = tl.full((GROUP_TILE,), float("-inf"), tl.float32)
+        total = tl.zeros((GROUP_TILE,), tl.float32)
+        acc = tl.zeros((GROUP_TILE, D), tl.float32)
+        k_row = k_ptr + row * k_sb + head * k_sh
+        v_row = v_ptr + row * v_sb + head * v_sh
+        # A fixed count of blocks (the loop unrolls, and the interpreter runs it too); the loads
+        # of columns a row does not use are masked off, so they cost no memory traffic.
+        for block in range(SPLIT // BLOCK):
+            cols = split * SPLIT + block * BLOCK + tl.arange(0, BLOCK)
+            used = (cols >= lo) & (cols < hi)
+            k = tl.load(k_row + cols[:, None] * k_sc + d[None, :], mask=used[:, None], other=0.0).to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (GROUP_TILE, BLOCK), fp32
+            scores = tl.where(used[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no column yet: exp(-inf - 0) = 0
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            total = total * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_row + cols[:, None] * v_sc + d[None, :], mask=used[:, None], other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            m = m_new
+        # A split with no column of this row: log-sum-exp -inf, weight 0 in the merge.
+        empty = total == 0.0
+        out = acc / tl.where(empty, 1.0, total)[:, None]
+        lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, total)))
+        base = (row * tl.num_programs(1) + head) * splits + split
+        tl.store(partial_ptr + base * GROUP_TILE * D + g[:, None] * D + d[None, :], out)
+        tl.store(lse_ptr + base * GROUP_TILE + g, lse)
+
+    @triton.jit
+    def _merge_kernel(partial_ptr, lse_ptr, out_ptr, splits, GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
+                      D: tl.constexpr, SPLITS_TILE: tl.constexpr):
+        row, head = tl.program_id(0), tl.program_id(1)
+        s = tl.arange(0, SPLITS_TILE)
+        g = tl.arange(0, GROUP_TILE)
+        d = tl.arange(0, D)
+        base = (row * tl.num_programs(1) + head) * splits
+        lse = tl.load(lse_ptr + (base + s[:, None]) * GROUP_TILE + g[None, :], mask=s[:, None] < splits,
+                      other=float("-inf"))  # (SPLITS_TILE, GROUP_TILE)
+        top = tl.max(lse, axis=0)
+        weight = tl.exp(lse - top[None, :])
+        weight = weight / tl.sum(weight, axis=0)[None, :]
+        part = tl.load(partial_ptr + ((base + s[:, None, None]) * GROUP_TILE + g[None, :, None]) * D
+                       + d[None, None, :], mask=s[:, None, None] < splits, other=0.0)  # (SPLITS_TILE, GROUP_TILE, D)
+        out = tl.sum(weight[:, :, None] * part, axis=0)
+        dest = out_ptr + ((row * tl.num_programs(1) + head) * GROUP + g[:, None]) * D + d[None, :]
+        tl.store(dest, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
