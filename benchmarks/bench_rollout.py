@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.models import load_model_and_tokenizer  # noqa: E402
 from trainer.rollout import SamplingParams  # noqa: E402
+from trainer.rollout.attention import DECODE_ATTENTION  # noqa: E402
 from trainer.rollout.hf import HFEngine  # noqa: E402
 from trainer.rollout.static import StaticEngine  # noqa: E402
 
@@ -46,8 +47,12 @@ def parse_args(argv=None):
     parser.add_argument("--hf-max-batch", type=int, default=128, help="skip hf above this batch (slow)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", help="also write every number to this file")
+    parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", *DECODE_ATTENTION],
+                        help="decode attention of the static variants (each variant runs with each)")
     parser.add_argument("--profile", type=int, default=0, metavar="BATCH",
-                        help="profile eager decode steps at this batch and print the top kernels")
+                        help="profile decode steps at this batch and print the top kernels")
+    parser.add_argument("--profile-variant", default="static-eager", choices=VARIANTS[1:],
+                        help="what --profile profiles: eager steps, or replays of a variant's captured graph")
     return parser.parse_args(argv)
 
 
@@ -56,12 +61,12 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def make(variant, model, tokenizer, device, dtype, rows, columns):
+def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto"):
     if variant == "hf":
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
-                        compile_step=variant == "static-compiled")
+                        compile_step=variant == "static-compiled", attention=attention)
 
 
 def step_ms(engine, rows, device):
@@ -101,7 +106,8 @@ def main(argv=None) -> int:
     results = []
     print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
-    for variant in args.variants:
+    runs = [(v, None) if v == "hf" else (v, a) for v in args.variants for a in args.attention]
+    for variant, attention in dict.fromkeys(runs):
         for batch in args.batch:
             if variant == "hf" and batch > args.hf_max_batch:
                 continue
@@ -109,7 +115,7 @@ def main(argv=None) -> int:
             params = SamplingParams(n=1, max_new_tokens=args.new_tokens, temperature=1.0, seed=1)
             try:
                 built = time.perf_counter()
-                engine = make(variant, model, tokenizer, device, dtype, batch, columns)
+                engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto")
                 engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
                 if variant != "hf":
                     engine.stop_tensor = torch.tensor([-1], device=device)
@@ -123,7 +129,8 @@ def main(argv=None) -> int:
                 sync(device)
                 seconds = time.perf_counter() - started
                 tokens = int(out.response_mask.sum().item())
-                row = {"variant": variant, "batch": batch, "seconds": seconds, "tokens": tokens,
+                label = variant if variant == "hf" else f"{variant}/{engine.attention.name}"
+                row = {"variant": label, "batch": batch, "seconds": seconds, "tokens": tokens,
                        "tokens_per_s": tokens / seconds, "setup_s": setup_s,
                        "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}
                 if variant != "hf":
@@ -139,45 +146,56 @@ def main(argv=None) -> int:
                 if device.type == "cuda":
                     row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
             except Exception as exc:  # one variant's failure must not lose the others' numbers
-                row = {"variant": variant, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                row = {"variant": f"{variant}/{attention}" if attention else variant, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:500]}
             results.append(row)
             print(json.dumps(row), flush=True)
             engine = out = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-    print(f"\n{'variant':<16}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
+    print(f"\n{'variant':<26}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
     for row in results:
         if "error" in row:
-            print(f"{row['variant']:<16}{row['batch']:>6}  error: {row['error'][:80]}")
+            print(f"{row['variant']:<26}{row['batch']:>6}  error: {row['error'][:80]}")
             continue
         step = f"{row['step_ms']:.2f}" if row.get("step_ms") else "-"
         syncs = f"{row['sync_ms']:.2f}" if row.get("sync_ms") is not None else "-"
-        print(f"{row['variant']:<16}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
+        print(f"{row['variant']:<26}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
               f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if args.profile:
-        profile_decode(model, tokenizer, device, dtype, args.profile, columns)
+        profile_decode(model, tokenizer, device, dtype, args.profile, columns, args.profile_variant,
+                       args.attention[0])
     return 0
 
 
-def profile_decode(model, tokenizer, device, dtype, batch, columns):
-    """Kernel time of eager decode steps, by kernel: where a step's time goes on the device."""
+def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention):
+    """Kernel time of decode steps, by kernel: where a step's time goes on the device.
+
+    ``static-eager`` profiles eager steps; a graph variant profiles replays of its captured
+    step (the kernels a run's decode actually launches)."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = make("static-eager", model, tokenizer, device, dtype, batch, columns)
+    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention)
     prompts = [[7] * 16 for _ in range(batch)]
     engine.generate(prompts, SamplingParams(n=1, max_new_tokens=4, seed=0))
     mode = engine._mode(SamplingParams(n=1, max_new_tokens=1))
+    graph = engine.graphs.get((engine._bucket(batch), mode))
+    engine.column.fill_(columns // 2)  # a step halfway through the cache
+    engine.positions.fill_(columns // 2)
+    sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(5):
-            engine._decode_step(batch, mode)
+            engine.column.fill_(columns // 2)
+            engine.positions.fill_(columns // 2)
+            engine.out_index.fill_(1)
+            graph.replay() if graph is not None else engine._decode_step(batch, mode)
         sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
-
+    print(f"profile: {variant}/{engine.attention.name}, batch {batch}, 5 steps at column {columns // 2}")
+    print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
 
 if __name__ == "__main__":
     sys.exit(main())
