@@ -32,8 +32,7 @@ try:
 except ImportError:  # the CPU-only install: sdpa is the only choice
     triton = None
 
-SPLIT = 128  # cache columns per program (a multiple of BLOCK)
-BLOCK = 64  # columns per inner iteration
+SPLIT = 128  # cache columns per program: one tile of K and one of V
 MIN_GROUP_TILE = 16  # tl.dot's smallest tile: the query heads of a KV head are padded to it
 
 
@@ -114,18 +113,18 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
     if d & (d - 1) or d < 16:
         raise ValueError(f"split_kv_decode needs a power-of-two head dimension of at least 16, not {d}")
     splits = -(-columns // SPLIT)
-    group_tile = max(MIN_GROUP_TILE, triton.next_power_of_2(group))
-    partial = torch.empty((b, kv_heads, splits, group_tile, d), dtype=torch.float32, device=q.device)
-    lse = torch.empty((b, kv_heads, splits, group_tile), dtype=torch.float32, device=q.device)
+    partial = torch.empty((b, kv_heads, splits, group, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((b, kv_heads, splits, group), dtype=torch.float32, device=q.device)
     _split_kernel[(b, kv_heads, splits)](
         q, cache_k, cache_v, first_column, column, partial, lse,
         *q.stride()[:3], *cache_k.stride()[:3], *cache_v.stride()[:3],
-        1.0 / math.sqrt(d),
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", GROUP=group, GROUP_TILE=group_tile, D=d, SPLIT=SPLIT, BLOCK=BLOCK, num_warps=4, num_stages=2)
+        1.0 / math.sqrt(d), columns,
+        UPCAST=q.dtype == torch.float32 or _interpreting(), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        GROUP=group, GROUP_TILE=max(MIN_GROUP_TILE, triton.next_power_of_2(group)), D=d, SPLIT=SPLIT,
+        num_warps=4)
     out = torch.empty((b, kv_heads, group, d), dtype=q.dtype, device=q.device)
-    _merge_kernel[(b, kv_heads)](
-        partial, lse, out, splits, GROUP=group, GROUP_TILE=group_tile, D=d,
-        SPLITS_TILE=triton.next_power_of_2(splits), num_warps=4)
+    _merge_kernel[(b, kv_heads, group)](partial, lse, out, splits, D=d, SPLITS_TILE=triton.next_power_of_2(splits),
+                                        num_warps=1)
     return out
 
 
@@ -134,70 +133,63 @@ def _(q, cache_k, cache_v, first_column, column):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+def _interpreting() -> bool:
+    # Triton's CPU interpreter multiplies bf16 tiles wrongly (as of 3.6): it gets fp32 ones.
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 if triton is not None:
 
     @triton.jit
     def _split_kernel(q_ptr, k_ptr, v_ptr, first_ptr, column_ptr, partial_ptr, lse_ptr,
-                      q_sb, q_sh, q_sg, k_sb, k_sh, k_sc, v_sb, v_sh, v_sc, scale,
-                      PRECISION: tl.constexpr, GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, D: tl.constexpr,
-                      SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+                      q_sb, q_sh, q_sg, k_sb, k_sh, k_sc, v_sb, v_sh, v_sc, scale, columns,
+                      UPCAST: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
+                      GROUP_TILE: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+        # One tile of SPLIT columns per program, K and V loaded together: the kernel is bound by
+        # reading the cache, and a whole split in flight at once keeps the memory system busy.
         row, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        splits = tl.num_programs(2)
         first = tl.load(first_ptr + row)
         last = tl.load(column_ptr)  # inclusive
-        lo = tl.maximum(split * SPLIT, first)
-        hi = tl.minimum((split + 1) * SPLIT, last + 1)
+        cols = split * SPLIT + tl.arange(0, SPLIT)
+        used = (cols >= first) & (cols <= last) & (cols < columns)  # masked loads cost no memory traffic
         g = tl.arange(0, GROUP_TILE)
         d = tl.arange(0, D)
-        # Tiles in fp32: the kernel is bound by reading the cache, not by its multiplies. tl.dot
-        # runs them as tf32 for a bf16 cache (exact for its bf16 inputs) and as full fp32 for an
-        # fp32 one, so an fp32 engine's greedy text stays the model's.
         q = tl.load(q_ptr + row * q_sb + head * q_sh + g[:, None] * q_sg + d[None, :],
-                    mask=g[:, None] < GROUP, other=0.0).to(tl.float32)
-        m = tl.full((GROUP_TILE,), float("-inf"), tl.float32)
-        total = tl.zeros((GROUP_TILE,), tl.float32)
-        acc = tl.zeros((GROUP_TILE, D), tl.float32)
-        k_row = k_ptr + row * k_sb + head * k_sh
-        v_row = v_ptr + row * v_sb + head * v_sh
-        # A fixed count of blocks (the loop unrolls, and the interpreter runs it too); the loads
-        # of columns a row does not use are masked off, so they cost no memory traffic.
-        for block in range(SPLIT // BLOCK):
-            cols = split * SPLIT + block * BLOCK + tl.arange(0, BLOCK)
-            used = (cols >= lo) & (cols < hi)
-            k = tl.load(k_row + cols[:, None] * k_sc + d[None, :], mask=used[:, None], other=0.0).to(tl.float32)
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (GROUP_TILE, BLOCK), fp32
-            scores = tl.where(used[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no column yet: exp(-inf - 0) = 0
-            alpha = tl.exp(m - m_safe)
-            p = tl.exp(scores - m_safe[:, None])
-            total = total * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_row + cols[:, None] * v_sc + d[None, :], mask=used[:, None], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-            m = m_new
-        # A split with no column of this row: log-sum-exp -inf, weight 0 in the merge.
+                    mask=g[:, None] < GROUP, other=0.0)
+        k = tl.load(k_ptr + row * k_sb + head * k_sh + cols[:, None] * k_sc + d[None, :], mask=used[:, None],
+                    other=0.0)
+        v = tl.load(v_ptr + row * v_sb + head * v_sh + cols[:, None] * v_sc + d[None, :], mask=used[:, None],
+                    other=0.0)
+        if UPCAST:  # an fp32 cache (full fp32 products), or the interpreter
+            q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (GROUP_TILE, SPLIT), fp32
+        scores = tl.where(used[None, :], scores, float("-inf"))
+        top = tl.max(scores, axis=1)
+        top_safe = tl.where(top == float("-inf"), 0.0, top)  # a split with no column of this row
+        p = tl.exp(scores - top_safe[:, None])
+        total = tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # (GROUP_TILE, D)
+        # A split with no column: log-sum-exp -inf, weight 0 in the merge.
         empty = total == 0.0
         out = acc / tl.where(empty, 1.0, total)[:, None]
-        lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, total)))
-        base = (row * tl.num_programs(1) + head) * splits + split
-        tl.store(partial_ptr + base * GROUP_TILE * D + g[:, None] * D + d[None, :], out)
-        tl.store(lse_ptr + base * GROUP_TILE + g, lse)
+        lse = tl.where(empty, float("-inf"), top_safe + tl.log(tl.where(empty, 1.0, total)))
+        base = ((row * tl.num_programs(1) + head) * tl.num_programs(2) + split) * GROUP
+        tl.store(partial_ptr + (base + g[:, None]) * D + d[None, :], out, mask=g[:, None] < GROUP)
+        tl.store(lse_ptr + base + g, lse, mask=g < GROUP)
 
     @triton.jit
-    def _merge_kernel(partial_ptr, lse_ptr, out_ptr, splits, GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
-                      D: tl.constexpr, SPLITS_TILE: tl.constexpr):
-        row, head = tl.program_id(0), tl.program_id(1)
+    def _merge_kernel(partial_ptr, lse_ptr, out_ptr, splits, D: tl.constexpr, SPLITS_TILE: tl.constexpr):
+        # One program per (row, KV head, query head of the group): the splits' outputs, weighted
+        # by each one's share of the softmax mass.
+        row, head, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        group = tl.num_programs(2)
         s = tl.arange(0, SPLITS_TILE)
-        g = tl.arange(0, GROUP_TILE)
         d = tl.arange(0, D)
-        base = (row * tl.num_programs(1) + head) * splits
-        lse = tl.load(lse_ptr + (base + s[:, None]) * GROUP_TILE + g[None, :], mask=s[:, None] < splits,
-                      other=float("-inf"))  # (SPLITS_TILE, GROUP_TILE)
-        top = tl.max(lse, axis=0)
-        weight = tl.exp(lse - top[None, :])
-        weight = weight / tl.sum(weight, axis=0)[None, :]
-        part = tl.load(partial_ptr + ((base + s[:, None, None]) * GROUP_TILE + g[None, :, None]) * D
-                       + d[None, None, :], mask=s[:, None, None] < splits, other=0.0)  # (SPLITS_TILE, GROUP_TILE, D)
-        out = tl.sum(weight[:, :, None] * part, axis=0)
-        dest = out_ptr + ((row * tl.num_programs(1) + head) * GROUP + g[:, None]) * D + d[None, :]
-        tl.store(dest, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+        line = ((row * tl.num_programs(1) + head) * splits + s) * group + g  # (SPLITS_TILE,)
+        lse = tl.load(lse_ptr + line, mask=s < splits, other=float("-inf"))
+        weight = tl.exp(lse - tl.max(lse, axis=0))
+        weight = weight / tl.sum(weight, axis=0)
+        part = tl.load(partial_ptr + line[:, None] * D + d[None, :], mask=(s < splits)[:, None], other=0.0)
+        out = tl.sum(weight[:, None] * part, axis=0)
+        dest = out_ptr + ((row * tl.num_programs(1) + head) * group + g) * D + d
+        tl.store(dest, out.to(out_ptr.dtype.element_ty))
