@@ -49,6 +49,9 @@ def parse_args(argv=None):
     parser.add_argument("--json", help="also write every number to this file")
     parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", *DECODE_ATTENTION],
                         help="decode attention of the static variants (each variant runs with each)")
+    parser.add_argument("--sampler", nargs="+", default=["auto"], choices=["auto", "fused", "torch"],
+                        help="the static variants' sampler in the plain mode: the fused Triton one, torch ops, "
+                             "or auto (fused on CUDA)")
     parser.add_argument("--profile", type=int, default=0, metavar="BATCH",
                         help="profile decode steps at this batch and print the top kernels")
     parser.add_argument("--profile-variant", default="static-eager", choices=VARIANTS[1:],
@@ -61,12 +64,13 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto"):
+def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto"):
     if variant == "hf":
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
-                        compile_step=variant == "static-compiled", attention=attention)
+                        compile_step=variant == "static-compiled", attention=attention,
+                        fused_sampler={"auto": None, "fused": True, "torch": False}[sampler])
 
 
 def step_ms(engine, rows, device):
@@ -106,8 +110,9 @@ def main(argv=None) -> int:
     results = []
     print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
-    runs = [(v, None) if v == "hf" else (v, a) for v in args.variants for a in args.attention]
-    for variant, attention in dict.fromkeys(runs):
+    runs = [(v, None, None) if v == "hf" else (v, a, f) for v in args.variants for a in args.attention
+            for f in args.sampler]
+    for variant, attention, sampler in dict.fromkeys(runs):
         for batch in args.batch:
             if variant == "hf" and batch > args.hf_max_batch:
                 continue
@@ -115,7 +120,8 @@ def main(argv=None) -> int:
             params = SamplingParams(n=1, max_new_tokens=args.new_tokens, temperature=1.0, seed=1)
             try:
                 built = time.perf_counter()
-                engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto")
+                engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto",
+                              sampler or "auto")
                 engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
                 if variant != "hf":
                     engine.stop_tensor = torch.tensor([-1], device=device)
@@ -129,7 +135,8 @@ def main(argv=None) -> int:
                 sync(device)
                 seconds = time.perf_counter() - started
                 tokens = int(out.response_mask.sum().item())
-                label = variant if variant == "hf" else f"{variant}/{engine.attention.name}"
+                label = variant if variant == "hf" else \
+                    f"{variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}"
                 row = {"variant": label, "batch": batch, "seconds": seconds, "tokens": tokens,
                        "tokens_per_s": tokens / seconds, "setup_s": setup_s,
                        "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}
@@ -146,21 +153,21 @@ def main(argv=None) -> int:
                 if device.type == "cuda":
                     row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
             except Exception as exc:  # one variant's failure must not lose the others' numbers
-                row = {"variant": f"{variant}/{attention}" if attention else variant, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                row = {"variant": f"{variant}/{attention}/{sampler}" if attention else variant, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:500]}
             results.append(row)
             print(json.dumps(row), flush=True)
             engine = out = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-    print(f"\n{'variant':<26}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
+    print(f"\n{'variant':<32}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
     for row in results:
         if "error" in row:
-            print(f"{row['variant']:<26}{row['batch']:>6}  error: {row['error'][:80]}")
+            print(f"{row['variant']:<32}{row['batch']:>6}  error: {row['error'][:80]}")
             continue
         step = f"{row['step_ms']:.2f}" if row.get("step_ms") else "-"
         syncs = f"{row['sync_ms']:.2f}" if row.get("sync_ms") is not None else "-"
-        print(f"{row['variant']:<26}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
+        print(f"{row['variant']:<32}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
               f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -33,6 +33,7 @@ except ImportError:  # the CPU-only install: sdpa is the only choice
     triton = None
 
 SPLIT = 128  # cache columns per program: one tile of K and one of V
+NUM_WARPS = 4
 MIN_GROUP_TILE = 16  # tl.dot's smallest tile: the query heads of a KV head are padded to it
 
 
@@ -103,16 +104,19 @@ def split_kv_reference(q, cache_k, cache_v, first_column, column):
 
 @torch.library.custom_op("trainer::split_kv_decode", mutates_args=())
 def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, first_column: torch.Tensor,
-                    column: torch.Tensor) -> torch.Tensor:
+                    column: torch.Tensor, split: int = SPLIT, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """q (b, kv_heads, group, d); cache_k/v (b, kv_heads, columns, d), d contiguous;
-    first_column (b,) and column (1,) long: row r attends to columns [first_column[r], column]."""
+    first_column (b,) and column (1,) long: row r attends to columns [first_column[r], column].
+    ``split`` (a power of two, at least 16) columns per program, on ``num_warps`` warps."""
     b, kv_heads, group, d = q.shape
     columns = cache_k.shape[2]
     if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("split_kv_decode needs the head dimension contiguous")
     if d & (d - 1) or d < 16:
         raise ValueError(f"split_kv_decode needs a power-of-two head dimension of at least 16, not {d}")
-    splits = -(-columns // SPLIT)
+    if split & (split - 1) or split < 16:
+        raise ValueError(f"split_kv_decode: split={split} is not a power of two of at least 16")
+    splits = -(-columns // split)
     partial = torch.empty((b, kv_heads, splits, group, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, kv_heads, splits, group), dtype=torch.float32, device=q.device)
     _split_kernel[(b, kv_heads, splits)](
@@ -120,8 +124,8 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
         *q.stride()[:3], *cache_k.stride()[:3], *cache_v.stride()[:3],
         1.0 / math.sqrt(d), columns,
         UPCAST=q.dtype == torch.float32 or _interpreting(), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        GROUP=group, GROUP_TILE=max(MIN_GROUP_TILE, triton.next_power_of_2(group)), D=d, SPLIT=SPLIT,
-        num_warps=4)
+        GROUP=group, GROUP_TILE=max(MIN_GROUP_TILE, triton.next_power_of_2(group)), D=d, SPLIT=split,
+        num_warps=num_warps)
     out = torch.empty((b, kv_heads, group, d), dtype=q.dtype, device=q.device)
     _merge_kernel[(b, kv_heads, group)](partial, lse, out, splits, D=d, SPLITS_TILE=triton.next_power_of_2(splits),
                                         num_warps=1)
@@ -129,7 +133,7 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
 
 
 @split_kv_decode.register_fake
-def _(q, cache_k, cache_v, first_column, column):
+def _(q, cache_k, cache_v, first_column, column, split=SPLIT, num_warps=NUM_WARPS):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 

@@ -63,9 +63,11 @@ from trainer.rollout import (
     BackendUnavailable, Generation, RolloutEngine, SamplingParams, pad_token_id, stop_token_ids,
 )
 from trainer.rollout import attention as decode_attention
+from trainer.rollout import fused_sampling
 from trainer.rollout.sampling import sample_tokens
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+PLAIN = (-1, False, False)  # the sampling mode of a temperature alone: (no top-k, no top-p, not greedy)
 CHECK_EVERY = 16  # decode steps between looks at the done flags (one host sync each)
 COLUMN_MULTIPLE = 64  # cache columns are rounded up to this (aligned attention masks)
 PREFILL_TOKENS = 1 << 15  # prompt tokens prefilled at once (bounds prefill activations)
@@ -98,7 +100,7 @@ class StaticEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
                  memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
-                 attention: str = "auto"):
+                 attention: str = "auto", fused_sampler: Optional[bool] = None):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -113,6 +115,11 @@ class StaticEngine(RolloutEngine):
             self.attention = decode_attention.choose(attention, self.device)
         except ValueError as error:
             raise BackendUnavailable(str(error)) from None
+        if fused_sampler is None:
+            fused_sampler = self.device.type == "cuda" and fused_sampling.available(self.device)
+        elif fused_sampler and not fused_sampling.available(self.device):
+            raise BackendUnavailable("the fused sampler needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
+        self.fused_sampler = fused_sampler
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.stop_ids)
@@ -150,12 +157,14 @@ class StaticEngine(RolloutEngine):
         self.out_logprobs = torch.zeros((rows, self.columns), dtype=torch.float32, device=self.device)
         self.temperature = torch.ones(1, dtype=torch.float32, device=self.device)
         self.top_p = torch.ones(1, dtype=torch.float32, device=self.device)
+        self.sample_seed = torch.zeros(1, dtype=torch.long, device=self.device)  # the fused sampler's, per step
         self.all_columns = torch.arange(self.columns, device=self.device)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         compiled = compile_step and self.device.type == "cuda"
         self._layer_step = torch.compile(_decode_layer, dynamic=False) if compiled else _decode_layer
         self._sample_step = torch.compile(_sample_last, dynamic=False) if compiled else _sample_last
+        self._logits_step = torch.compile(_last_logits, dynamic=False) if compiled else _last_logits
 
     # -- construction -------------------------------------------------------------------------
 
@@ -303,6 +312,7 @@ class StaticEngine(RolloutEngine):
         self.done[:rows] = torch.isin(token, self.stop_tensor)
         self.column.fill_(width)
         self.out_index.fill_(1)
+        self.sample_seed.fill_(int(torch.randint(0, 2**62, (1,))))  # from the run's seeded generator
 
         steps = 1
         while steps < params.max_new_tokens:
@@ -415,11 +425,17 @@ class StaticEngine(RolloutEngine):
         for index, layer in enumerate(self.layers):
             h = self._layer_step(self, h, layer, self.cache[index, 0, :b], self.cache[index, 1, :b],
                                  cos, sin, context)
-        # The noise is drawn outside the (maybe compiled) sampler: native RNG kernels advance
-        # their offset on each graph replay.
-        noise = None if greedy else torch.empty((b, top_k if 0 < top_k < self.vocab else self.vocab), device=self.device
-                                                 ).exponential_()
-        token, logprob = self._sample_step(self, h, noise, mode)
+        if self.fused_sampler and mode == PLAIN:
+            # One pass over the logits, its noise drawn in registers from a seed the step advances.
+            token, logprob = fused_sampling.gumbel_sample(self._logits_step(self, h), self.temperature,
+                                                          self.sample_seed)
+            self.sample_seed += 1
+        else:
+            # The noise is drawn outside the (maybe compiled) sampler: native RNG kernels advance
+            # their offset on each graph replay.
+            noise = None if greedy else torch.empty(
+                (b, top_k if 0 < top_k < self.vocab else self.vocab), device=self.device).exponential_()
+            token, logprob = self._sample_step(self, h, noise, mode)
         done = self.done[:b]
         token = torch.where(done, self.pad_id, token)
         self.out_tokens[:b].index_copy_(1, self.out_index, token[:, None])
@@ -449,11 +465,15 @@ def _decode_layer(engine: StaticEngine, h, layer: Layer, cache_k, cache_v, cos, 
     return torch.addmm(h, F.silu(gate) * up, layer.down.T)
 
 
+def _last_logits(engine: StaticEngine, h):
+    """The final norm and lm_head of one decode step: h (b, H) -> logits (b, V), compute dtype."""
+    return F.rms_norm(h, (engine.hidden,), engine.final_norm, engine.eps) @ engine.lm_head.T
+
+
 def _sample_last(engine: StaticEngine, h, noise, mode: tuple):
     """The final norm, lm_head and sampling of one decode step: h (b, H) -> (tokens, logprobs)."""
     top_k, top_p_on, greedy = mode
-    last = F.rms_norm(h, (engine.hidden,), engine.final_norm, engine.eps)
-    return sample_tokens(last @ engine.lm_head.T, temperature=engine.temperature, top_k=top_k,
+    return sample_tokens(_last_logits(engine, h), temperature=engine.temperature, top_k=top_k,
                          top_p=engine.top_p if top_p_on else None, greedy=greedy, noise=noise)
 
 

@@ -1,9 +1,10 @@
-"""The split-KV decode kernel against SDPA, on a GPU and under Triton's CPU interpreter.
+"""The static engine's Triton kernels, on a GPU and under Triton's CPU interpreter.
 
-The kernel tests run where Triton can run them: on CUDA (``gpu``), and on the CPU when
-``TRITON_INTERPRET=1`` was set before Triton was imported. CI has no GPU, so
-``test_the_kernel_tests_pass_under_the_triton_interpreter`` runs this file's kernel
-tests again in a child pytest with that variable set.
+The split-KV decode attention against masked SDPA, and the fused sampler against the
+softmax it samples from. The kernel tests run where Triton can run them: on CUDA
+(``gpu``), and on the CPU when ``TRITON_INTERPRET=1`` was set before Triton was
+imported. CI has no GPU, so ``test_the_kernel_tests_pass_under_the_triton_interpreter``
+runs this file's kernel tests again in a child pytest with that variable set.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -21,7 +23,10 @@ from trainer.models import load_model_and_tokenizer
 from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import attention
 from trainer.rollout.attention import SPLIT, choose, split_kv_decode, split_kv_reference
-from trainer.rollout.static import StaticEngine
+from trainer.rollout.fused_sampling import gumbel_sample
+from trainer.rollout.static import PLAIN, StaticEngine
+
+from test_static_engine import chi_square_p_value, sharpen
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and attention.triton is not None
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1"),
@@ -78,12 +83,7 @@ def test_columns_a_row_does_not_use_do_not_reach_its_output(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_engine_decodes_the_same_text_with_either_attention(device):
-    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device=device,
-                                                dtype="float32")
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" not in name:
-                parameter.mul_(8.0)  # varied greedy text
+    model, tokenizer = tiny_policy(device)
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("Tom has 3 apples", "x", "12 * 7 =")]
     args = dict(device=device, dtype=torch.float32, max_rows=4, max_columns=64)
     split = StaticEngine(model, tokenizer, attention="split-kv", **args)
@@ -93,6 +93,72 @@ def test_the_engine_decodes_the_same_text_with_either_attention(device):
     ours, theirs = split.generate(prompts, greedy), sdpa.generate(prompts, greedy)
     assert ours.token_lists() == theirs.token_lists()
     torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
+
+
+def tiny_policy(device):
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device=device,
+                                                dtype="float32")
+    return sharpen(model.eval()), tokenizer  # varied text
+
+
+# The fused sampler. A (seed, row, entry) gets the same noise whatever the tiling, so the tests
+# take many rows per program, where the interpreter's cost per program dominates; spans much
+# smaller than the vocabulary put the entries that matter in different programs.
+SAMPLER_TILES = dict(span=64, block=16, rows_per_program=256)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_fused_sampler_frequencies_match_the_tempered_softmax(device, temperature):
+    vocab, draws = 200, 3000
+    logits = torch.full((vocab,), -4.0)
+    likely = torch.tensor([3, 70, 130, 199])  # in four spans, the last one ragged
+    logits[likely] = torch.tensor([1.0, 0.5, 0.0, 1.2])
+    probs = (logits.double() / temperature).softmax(-1)
+    tokens, logprobs = gumbel_sample(logits.to(device).expand(draws, -1).contiguous(),
+                                     torch.tensor([temperature], device=device), torch.tensor([7], device=device),
+                                     **SAMPLER_TILES)
+    tokens, logprobs = tokens.cpu(), logprobs.cpu()
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    rare = torch.ones(vocab, dtype=torch.bool)
+    rare[likely] = False
+    # The 196 unlikely entries pooled into one category (about 13 % of the mass at T=1).
+    pooled_counts = torch.cat([counts[likely], counts[rare].sum()[None]])
+    pooled_probs = torch.cat([probs[likely], probs[rare].sum()[None]])
+    assert chi_square_p_value(pooled_counts, pooled_probs) > 1e-3
+    assert torch.allclose(logprobs.double(), probs.log()[tokens], atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_sampler_draws_follow_the_seed_and_each_row_draws_its_own(device):
+    logits = torch.zeros((512, 40), device=device)  # uniform: every draw is the noise's
+    temperature = torch.ones(1, device=device)
+    first, _ = gumbel_sample(logits, temperature, torch.tensor([3], device=device), **SAMPLER_TILES)
+    again, _ = gumbel_sample(logits, temperature, torch.tensor([3], device=device), **SAMPLER_TILES)
+    other, _ = gumbel_sample(logits, temperature, torch.tensor([4], device=device), **SAMPLER_TILES)
+    assert torch.equal(first, again)
+    assert (first != other).float().mean() > 0.9  # 1/40 agree by chance
+    assert chi_square_p_value(torch.bincount(first.cpu(), minlength=40).double(), torch.full((40,), 1 / 40)) > 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_engine_with_the_fused_sampler_reports_the_models_log_probs(device):
+    model, tokenizer = tiny_policy(device)
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("Tom has 3 apples", "x")]
+    engine = StaticEngine(model, tokenizer, device=device, dtype=torch.float32, max_rows=4, max_columns=48,
+                          fused_sampler=True)
+    temperature = 0.7
+    params = SamplingParams(n=2, max_new_tokens=8, temperature=temperature, seed=5)
+    assert engine._mode(params) == PLAIN
+    out = engine.generate(prompts, params)
+    assert engine.generate(prompts, params).token_lists() == out.token_lists()
+    assert engine.generate(prompts, attrs.evolve(params, seed=6)).token_lists() != out.token_lists()
+    for row, (prompt, completion) in enumerate(zip([p for p in prompts for _ in range(2)], out.token_lists())):
+        ids = torch.tensor([prompt + completion], device=device)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature
+        expected = torch.log_softmax(logits.double(), dim=-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+        torch.testing.assert_close(out.logprobs[row, : len(completion)].double(), expected, atol=1e-4, rtol=0)
 
 
 def test_auto_is_sdpa_on_the_cpu_and_split_kv_there_is_refused_by_name():
@@ -126,4 +192,4 @@ def test_the_kernel_tests_pass_under_the_triton_interpreter():
         cwd=here.parents[1], env=os.environ | {"TRITON_INTERPRET": "1"}, capture_output=True, text=True,
         timeout=580)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "4 passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
+    assert "8 passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]

@@ -1,0 +1,131 @@
+"""Sampling from the full softmax in one pass over the logits, in Triton.
+
+The static engine's plain mode (a temperature, no top-k or top-p) draws each token with
+the Gumbel-max trick, as :func:`trainer.rollout.sampling.sample_tokens` does. Written
+with torch ops, that is an Exp(1) draw per vocabulary entry written to memory and read
+back, then two or three passes over the (rows, vocabulary) scores; for a 152k
+vocabulary that is most of a decode step's time outside the layers. Here each program
+takes one span of one row's logits and, in one read, keeps the running log-sum-exp and
+the best ``logit / T + Gumbel`` (the noise drawn in registers by Philox, keyed by a seed
+that lives on the device); a second kernel merges the spans. The result: the token, and
+its log-prob under the tempered softmax (what truncated importance sampling compares).
+
+The seed is a (1,) int64 tensor the caller advances after each draw, so a captured CUDA
+graph replays fresh noise. The kernels also run on the CPU under ``TRITON_INTERPRET=1``,
+which is how CI tests them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.rollout.attention import triton, triton_runs_on
+
+if triton is not None:
+    import triton.language as tl
+
+SPAN = 8192  # vocabulary entries per program
+BLOCK = 2048  # entries per inner step
+NOISE_FLOOR = 1e-10  # as sampling.NOISE_FLOOR: an Exp(1) draw of 0 must not win
+
+
+def available(device: torch.device) -> bool:
+    return triton_runs_on(device)
+
+
+@torch.library.custom_op("trainer::gumbel_sample", mutates_args=())
+def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor, span: int = SPAN,
+                  block: int = BLOCK, rows_per_program: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, V) logits, (1,) temperature, (1,) int64 seed -> tokens (b,) long, log-probs (b,) float32.
+
+    Each program reads ``span`` entries of ``rows_per_program`` rows, ``block`` at a time."""
+    rows, vocab = logits.shape
+    if logits.stride(-1) != 1:
+        raise ValueError("gumbel_sample needs each row of logits contiguous")
+    if span % block or block & (block - 1):
+        raise ValueError(f"gumbel_sample: block={block} must be a power of two dividing span={span}")
+    parts = -(-vocab // span)
+    stats = torch.empty((rows, parts, 4), dtype=torch.float32, device=logits.device)
+    index = torch.empty((rows, parts), dtype=torch.int64, device=logits.device)
+    tiles = -(-rows // rows_per_program)
+    _span_kernel[(tiles, parts)](logits, logits.stride(0), temperature, seed, rows, vocab, stats, index,
+                                 ROWS=rows_per_program, SPAN=span, BLOCK=block, NOISE_FLOOR=NOISE_FLOOR, num_warps=8)
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    merge_rows = max(rows_per_program, 16)
+    _merge_kernel[(-(-rows // merge_rows),)](stats, index, tokens, logprobs, rows, parts, ROWS=merge_rows,
+                                             PARTS_TILE=triton.next_power_of_2(parts), num_warps=1)
+    return tokens, logprobs
+
+
+@gumbel_sample.register_fake
+def _(logits, temperature, seed, span=SPAN, block=BLOCK, rows_per_program=1):
+    rows = logits.shape[0]
+    return (logits.new_empty(rows, dtype=torch.int64), logits.new_empty(rows, dtype=torch.float32))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _span_kernel(logits_ptr, row_stride, temperature_ptr, seed_ptr, rows, vocab, stats_ptr, index_ptr,
+                     ROWS: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr, NOISE_FLOOR: tl.constexpr):
+        # A tile of ROWS rows x BLOCK entries (ROWS is 1 on the GPU; the interpreter's tests take
+        # many rows per program, where its per-program cost dominates).
+        block, part = tl.program_id(0), tl.program_id(1)
+        parts = tl.num_programs(1)
+        temperature = tl.load(temperature_ptr)
+        seed = tl.load(seed_ptr)
+        r = block * ROWS + tl.arange(0, ROWS)
+        row_ok = r < rows
+        top = tl.full((ROWS,), float("-inf"), tl.float32)  # running max of the scores
+        total = tl.zeros((ROWS,), tl.float32)  # running sum of exp(score - top)
+        best = tl.full((ROWS,), float("-inf"), tl.float32)  # the best perturbed score, its entry, its score
+        best_at = tl.zeros((ROWS,), tl.int32)
+        best_score = tl.zeros((ROWS,), tl.float32)
+        for step in range(SPAN // BLOCK):
+            cols = part * SPAN + step * BLOCK + tl.arange(0, BLOCK)
+            valid = row_ok[:, None] & (cols < vocab)[None, :]
+            scores = tl.load(logits_ptr + r[:, None] * row_stride + cols[None, :], mask=valid,
+                             other=float("-inf")).to(tl.float32) / temperature
+            new_top = tl.maximum(top, tl.max(scores, axis=1))
+            safe = tl.where(new_top == float("-inf"), 0.0, new_top)  # nothing seen yet: add nothing
+            total = total * tl.exp(top - safe) + tl.sum(tl.exp(scores - safe[:, None]), axis=1)
+            top = new_top
+            # Gumbel-max: argmax(score - log E), E = -log U ~ Exp(1); U is unique per (seed, row, entry).
+            uniform = tl.rand(seed, r[:, None] * vocab + cols[None, :])
+            noise = tl.maximum(-tl.log(uniform), NOISE_FLOOR)
+            perturbed = tl.where(valid, scores - tl.log(noise), float("-inf"))
+            here = tl.argmax(perturbed, axis=1)
+            value = tl.max(perturbed, axis=1)
+            take = value > best
+            at_here = tl.arange(0, BLOCK)[None, :] == here[:, None]
+            best_score = tl.where(take, tl.sum(tl.where(at_here, scores, 0.0), axis=1), best_score)
+            best_at = tl.where(take, part * SPAN + step * BLOCK + here, best_at)
+            best = tl.where(take, value, best)
+        out = stats_ptr + (r * parts + part) * 4
+        tl.store(out, top, mask=row_ok)
+        tl.store(out + 1, total, mask=row_ok)
+        tl.store(out + 2, best, mask=row_ok)
+        tl.store(out + 3, best_score, mask=row_ok)
+        tl.store(index_ptr + r * parts + part, best_at.to(tl.int64), mask=row_ok)
+
+    @triton.jit
+    def _merge_kernel(stats_ptr, index_ptr, tokens_ptr, logprobs_ptr, rows, parts, ROWS: tl.constexpr,
+                      PARTS_TILE: tl.constexpr):
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        p = tl.arange(0, PARTS_TILE)
+        here = (r < rows)[:, None] & (p < parts)[None, :]
+        line = stats_ptr + (r[:, None] * parts + p[None, :]) * 4
+        top = tl.load(line, mask=here, other=float("-inf"))
+        total = tl.load(line + 1, mask=here, other=0.0)
+        best = tl.load(line + 2, mask=here, other=float("-inf"))
+        best_score = tl.load(line + 3, mask=here, other=0.0)
+        overall = tl.max(top, axis=1)
+        overall_safe = tl.where(overall == float("-inf"), 0.0, overall)  # masked rows
+        log_total = overall_safe + tl.log(tl.sum(total * tl.exp(top - overall_safe[:, None]), axis=1))
+        winner = p[None, :] == tl.argmax(best, axis=1)[:, None]
+        token = tl.sum(tl.where(winner, tl.load(index_ptr + r[:, None] * parts + p[None, :], mask=here, other=0), 0),
+                       axis=1)
+        score = tl.sum(tl.where(winner, best_score, 0.0), axis=1)
+        tl.store(tokens_ptr + r, token, mask=r < rows)
+        tl.store(logprobs_ptr + r, score - log_total, mask=r < rows)
