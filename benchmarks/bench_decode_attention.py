@@ -34,8 +34,9 @@ def parse_args(argv=None):
     parser.add_argument("--group", type=int, default=7)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--configs", nargs="+", default=["64x2", "64x4", "128x4", "128x8", "256x4", "256x8"],
-                        help="split-kv tiles as SPLITxWARPS")
+    parser.add_argument("--configs", nargs="+", default=["64x2", "128x4", "256x4", "64x2-all", "128x4-all"],
+                        help="split-kv tiles as SPLITxWARPS; '-all' runs every split's program in full, "
+                             "instead of returning at once from a split with none of its row's columns")
     return parser.parse_args(argv)
 
 
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.layers} layers, {args.kv_heads} KV heads "
           f"x {args.group} queries, d {args.head_dim}, {args.columns} columns")
-    print(f"{'batch':>6}{'column':>8}  {'attention':<14}{'us/layer':>10}{'GB/s':>8}{'x sdpa':>8}")
+    print(f"{'batch':>6}{'column':>8}  {'attention':<18}{'us/layer':>10}{'GB/s':>8}{'x sdpa':>8}")
     for batch in args.batch:
         caches = torch.randn((args.layers, 2, batch, args.kv_heads, args.columns, args.head_dim), dtype=dtype,
                              device="cuda")
@@ -90,13 +91,14 @@ def main(argv=None) -> int:
                                 for i in range(args.layers)])
             rows = [("sdpa", sdpa)]
             for config in args.configs:
-                split, warps = (int(part) for part in config.split("x"))
+                tile, _, every = config.partition("-")
+                split, warps = (int(part) for part in tile.split("x"))
                 rows.append((f"split-kv {config}", timed_graph([
-                    lambda i=i, s=split, w=warps: split_kv_decode(q, caches[i, 0], caches[i, 1], first, column,
-                                                                  split=s, num_warps=w)
+                    lambda i=i, s=split, w=warps, e=every != "all": split_kv_decode(
+                        q, caches[i, 0], caches[i, 1], first, column, split=s, num_warps=w, skip_empty=e)
                     for i in range(args.layers)])))
             for name, us in rows:
-                print(f"{batch:>6}{at:>8}  {name:<14}{us:>10.2f}{read / us / 1e3:>8.0f}{sdpa / us:>8.2f}")
+                print(f"{batch:>6}{at:>8}  {name:<18}{us:>10.2f}{read / us / 1e3:>8.0f}{sdpa / us:>8.2f}")
         del caches
         torch.cuda.empty_cache()
     return 0

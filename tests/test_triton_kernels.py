@@ -101,9 +101,9 @@ def tiny_policy(device):
     return sharpen(model.eval()), tokenizer  # varied text
 
 
-# The fused sampler. A (seed, row, entry) gets the same noise whatever the tiling, so the tests
-# take many rows per program, where the interpreter's cost per program dominates; spans much
-# smaller than the vocabulary put the entries that matter in different programs.
+# The fused sampler. The tests take many rows per program, where the interpreter's cost per
+# program dominates; spans much smaller than the vocabulary put the entries that matter in
+# different programs.
 SAMPLER_TILES = dict(span=64, block=16, rows_per_program=256)
 
 

@@ -104,10 +104,12 @@ def split_kv_reference(q, cache_k, cache_v, first_column, column):
 
 @torch.library.custom_op("trainer::split_kv_decode", mutates_args=())
 def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, first_column: torch.Tensor,
-                    column: torch.Tensor, split: int = SPLIT, num_warps: int = NUM_WARPS) -> torch.Tensor:
+                    column: torch.Tensor, split: int = SPLIT, num_warps: int = NUM_WARPS,
+                    skip_empty: bool = True) -> torch.Tensor:
     """q (b, kv_heads, group, d); cache_k/v (b, kv_heads, columns, d), d contiguous;
     first_column (b,) and column (1,) long: row r attends to columns [first_column[r], column].
-    ``split`` (a power of two, at least 16) columns per program, on ``num_warps`` warps."""
+    ``split`` (a power of two, at least 16) columns per program, on ``num_warps`` warps;
+    ``skip_empty``: a program whose split holds none of its row's columns returns at once."""
     b, kv_heads, group, d = q.shape
     columns = cache_k.shape[2]
     if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1 or q.stride(-1) != 1:
@@ -125,15 +127,15 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
         1.0 / math.sqrt(d), columns,
         UPCAST=q.dtype == torch.float32 or _interpreting(), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         GROUP=group, GROUP_TILE=max(MIN_GROUP_TILE, triton.next_power_of_2(group)), D=d, SPLIT=split,
-        num_warps=num_warps)
+        SKIP_EMPTY=skip_empty, num_warps=num_warps)
     out = torch.empty((b, kv_heads, group, d), dtype=q.dtype, device=q.device)
-    _merge_kernel[(b, kv_heads, group)](partial, lse, out, splits, D=d, SPLITS_TILE=triton.next_power_of_2(splits),
-                                        num_warps=1)
+    _merge_kernel[(b, kv_heads, group)](partial, lse, out, first_column, column, splits, SPLIT=split, D=d,
+                                        SPLITS_TILE=triton.next_power_of_2(splits), num_warps=1)
     return out
 
 
 @split_kv_decode.register_fake
-def _(q, cache_k, cache_v, first_column, column, split=SPLIT, num_warps=NUM_WARPS):
+def _(q, cache_k, cache_v, first_column, column, split=SPLIT, num_warps=NUM_WARPS, skip_empty=True):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -148,7 +150,8 @@ if triton is not None:
     def _split_kernel(q_ptr, k_ptr, v_ptr, first_ptr, column_ptr, partial_ptr, lse_ptr,
                       q_sb, q_sh, q_sg, k_sb, k_sh, k_sc, v_sb, v_sh, v_sc, scale, columns,
                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
-                      GROUP_TILE: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+                      GROUP_TILE: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                      SKIP_EMPTY: tl.constexpr):
         # One tile of SPLIT columns per program, K and V loaded together: the kernel is bound by
         # reading the cache, and a whole split in flight at once keeps the memory system busy.
         row, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -158,31 +161,39 @@ if triton is not None:
         used = (cols >= first) & (cols <= last) & (cols < columns)  # masked loads cost no memory traffic
         g = tl.arange(0, GROUP_TILE)
         d = tl.arange(0, D)
-        q = tl.load(q_ptr + row * q_sb + head * q_sh + g[:, None] * q_sg + d[None, :],
-                    mask=g[:, None] < GROUP, other=0.0)
-        k = tl.load(k_ptr + row * k_sb + head * k_sh + cols[:, None] * k_sc + d[None, :], mask=used[:, None],
-                    other=0.0)
-        v = tl.load(v_ptr + row * v_sb + head * v_sh + cols[:, None] * v_sc + d[None, :], mask=used[:, None],
-                    other=0.0)
-        if UPCAST:  # an fp32 cache (full fp32 products), or the interpreter
-            q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (GROUP_TILE, SPLIT), fp32
-        scores = tl.where(used[None, :], scores, float("-inf"))
-        top = tl.max(scores, axis=1)
-        top_safe = tl.where(top == float("-inf"), 0.0, top)  # a split with no column of this row
-        p = tl.exp(scores - top_safe[:, None])
-        total = tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # (GROUP_TILE, D)
-        # A split with no column: log-sum-exp -inf, weight 0 in the merge.
-        empty = total == 0.0
-        out = acc / tl.where(empty, 1.0, total)[:, None]
-        lse = tl.where(empty, float("-inf"), top_safe + tl.log(tl.where(empty, 1.0, total)))
-        base = ((row * tl.num_programs(1) + head) * tl.num_programs(2) + split) * GROUP
-        tl.store(partial_ptr + (base + g[:, None]) * D + d[None, :], out, mask=g[:, None] < GROUP)
-        tl.store(lse_ptr + base + g, lse, mask=g < GROUP)
+        # A split with no column of this row writes nothing (the merge skips it): early in a
+        # decode most splits lie past the step's column, and they then cost a launch only.
+        if SKIP_EMPTY:
+            has_columns = tl.minimum(split * SPLIT + SPLIT, last + 1) > tl.maximum(split * SPLIT, first)
+        else:
+            has_columns = split >= 0
+        if has_columns:
+            q = tl.load(q_ptr + row * q_sb + head * q_sh + g[:, None] * q_sg + d[None, :],
+                        mask=g[:, None] < GROUP, other=0.0)
+            k = tl.load(k_ptr + row * k_sb + head * k_sh + cols[:, None] * k_sc + d[None, :], mask=used[:, None],
+                        other=0.0)
+            v = tl.load(v_ptr + row * v_sb + head * v_sh + cols[:, None] * v_sc + d[None, :], mask=used[:, None],
+                        other=0.0)
+            if UPCAST:  # an fp32 cache (full fp32 products), or the interpreter
+                q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (GROUP_TILE, SPLIT), fp32
+            scores = tl.where(used[None, :], scores, float("-inf"))
+            top = tl.max(scores, axis=1)
+            top_safe = tl.where(top == float("-inf"), 0.0, top)  # a split with no column of this row
+            p = tl.exp(scores - top_safe[:, None])
+            total = tl.sum(p, axis=1)
+            acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # (GROUP_TILE, D)
+            # A split with no column: log-sum-exp -inf, weight 0 in the merge.
+            empty = total == 0.0
+            out = acc / tl.where(empty, 1.0, total)[:, None]
+            lse = tl.where(empty, float("-inf"), top_safe + tl.log(tl.where(empty, 1.0, total)))
+            base = ((row * tl.num_programs(1) + head) * tl.num_programs(2) + split) * GROUP
+            tl.store(partial_ptr + (base + g[:, None]) * D + d[None, :], out, mask=g[:, None] < GROUP)
+            tl.store(lse_ptr + base + g, lse, mask=g < GROUP)
 
     @triton.jit
-    def _merge_kernel(partial_ptr, lse_ptr, out_ptr, splits, D: tl.constexpr, SPLITS_TILE: tl.constexpr):
+    def _merge_kernel(partial_ptr, lse_ptr, out_ptr, first_ptr, column_ptr, splits, SPLIT: tl.constexpr,
+                      D: tl.constexpr, SPLITS_TILE: tl.constexpr):
         # One program per (row, KV head, query head of the group): the splits' outputs, weighted
         # by each one's share of the softmax mass.
         row, head, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -190,10 +201,13 @@ if triton is not None:
         s = tl.arange(0, SPLITS_TILE)
         d = tl.arange(0, D)
         line = ((row * tl.num_programs(1) + head) * splits + s) * group + g  # (SPLITS_TILE,)
-        lse = tl.load(lse_ptr + line, mask=s < splits, other=float("-inf"))
+        first = tl.load(first_ptr + row)
+        last = tl.load(column_ptr)
+        in_use = (s < splits) & (s * SPLIT <= last) & (s * SPLIT + SPLIT > first)  # the splits that wrote
+        lse = tl.load(lse_ptr + line, mask=in_use, other=float("-inf"))
         weight = tl.exp(lse - tl.max(lse, axis=0))
         weight = weight / tl.sum(weight, axis=0)
-        part = tl.load(partial_ptr + line[:, None] * D + d[None, :], mask=(s < splits)[:, None], other=0.0)
+        part = tl.load(partial_ptr + line[:, None] * D + d[None, :], mask=in_use[:, None], other=0.0)
         out = tl.sum(weight[:, None] * part, axis=0)
         dest = out_ptr + ((row * tl.num_programs(1) + head) * group + g) * D + d
         tl.store(dest, out.to(out_ptr.dtype.element_ty))

@@ -38,12 +38,13 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.T
                   block: int = BLOCK, rows_per_program: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(b, V) logits, (1,) temperature, (1,) int64 seed -> tokens (b,) long, log-probs (b,) float32.
 
-    Each program reads ``span`` entries of ``rows_per_program`` rows, ``block`` at a time."""
+    Each program reads ``span`` entries of ``rows_per_program`` rows, ``block`` at a time
+    (``span`` a multiple of four blocks)."""
     rows, vocab = logits.shape
     if logits.stride(-1) != 1:
         raise ValueError("gumbel_sample needs each row of logits contiguous")
-    if span % block or block & (block - 1):
-        raise ValueError(f"gumbel_sample: block={block} must be a power of two dividing span={span}")
+    if span % (4 * block) or block & (block - 1):
+        raise ValueError(f"gumbel_sample: block={block} must be a power of two, a quarter of span={span} or less")
     parts = -(-vocab // span)
     stats = torch.empty((rows, parts, 4), dtype=torch.float32, device=logits.device)
     index = torch.empty((rows, parts), dtype=torch.int64, device=logits.device)
@@ -77,37 +78,51 @@ if triton is not None:
         seed = tl.load(seed_ptr)
         r = block * ROWS + tl.arange(0, ROWS)
         row_ok = r < rows
-        top = tl.full((ROWS,), float("-inf"), tl.float32)  # running max of the scores
-        total = tl.zeros((ROWS,), tl.float32)  # running sum of exp(score - top)
-        best = tl.full((ROWS,), float("-inf"), tl.float32)  # the best perturbed score, its entry, its score
-        best_at = tl.zeros((ROWS,), tl.int32)
-        best_score = tl.zeros((ROWS,), tl.float32)
-        for step in range(SPAN // BLOCK):
-            cols = part * SPAN + step * BLOCK + tl.arange(0, BLOCK)
-            valid = row_ok[:, None] & (cols < vocab)[None, :]
-            scores = tl.load(logits_ptr + r[:, None] * row_stride + cols[None, :], mask=valid,
-                             other=float("-inf")).to(tl.float32) / temperature
-            new_top = tl.maximum(top, tl.max(scores, axis=1))
-            safe = tl.where(new_top == float("-inf"), 0.0, new_top)  # nothing seen yet: add nothing
-            total = total * tl.exp(top - safe) + tl.sum(tl.exp(scores - safe[:, None]), axis=1)
-            top = new_top
-            # Gumbel-max: argmax(score - log E), E = -log U ~ Exp(1); U is unique per (seed, row, entry).
-            uniform = tl.rand(seed, r[:, None] * vocab + cols[None, :])
-            noise = tl.maximum(-tl.log(uniform), NOISE_FLOOR)
-            perturbed = tl.where(valid, scores - tl.log(noise), float("-inf"))
-            here = tl.argmax(perturbed, axis=1)
-            value = tl.max(perturbed, axis=1)
-            take = value > best
-            at_here = tl.arange(0, BLOCK)[None, :] == here[:, None]
-            best_score = tl.where(take, tl.sum(tl.where(at_here, scores, 0.0), axis=1), best_score)
-            best_at = tl.where(take, part * SPAN + step * BLOCK + here, best_at)
-            best = tl.where(take, value, best)
+        # Per-lane accumulators, reduced once at the end: a reduction per block would cost a
+        # shared-memory round trip each; one Philox call gives the noise of four blocks.
+        top = tl.full((ROWS, BLOCK), float("-inf"), tl.float32)  # running max of the scores
+        total = tl.zeros((ROWS, BLOCK), tl.float32)  # running sum of exp(score - top)
+        best = tl.full((ROWS, BLOCK), float("-inf"), tl.float32)  # the best perturbed score, entry, score
+        best_at = tl.zeros((ROWS, BLOCK), tl.int32)
+        best_score = tl.zeros((ROWS, BLOCK), tl.float32)
+        lanes = tl.arange(0, BLOCK)
+        for group in range(SPAN // (4 * BLOCK)):
+            start = part * SPAN + group * 4 * BLOCK
+            # Unique per (seed, row, entry): entry e of the four blocks is lane e % BLOCK of draw e // BLOCK.
+            u0, u1, u2, u3 = tl.rand4x(seed, r[:, None] * vocab + start + lanes[None, :])
+            for j in tl.static_range(4):
+                uniform = u0 if j == 0 else (u1 if j == 1 else (u2 if j == 2 else u3))
+                cols = start + j * BLOCK + lanes
+                valid = row_ok[:, None] & (cols < vocab)[None, :]
+                scores = tl.load(logits_ptr + r[:, None] * row_stride + cols[None, :], mask=valid,
+                                 other=float("-inf")).to(tl.float32) / temperature
+                # Online log-sum-exp with one exp per entry: exp(-|s - top|) scales the smaller side.
+                gap = scores - top
+                shrink = tl.exp(-tl.abs(tl.where(valid, gap, 0.0)))
+                total = tl.where(valid, tl.where(gap > 0, total * shrink + 1.0, total + shrink), total)
+                top = tl.where(valid, tl.maximum(top, scores), top)
+                # Gumbel-max: argmax(score - log E), E = -log U ~ Exp(1).
+                noise = tl.maximum(-tl.log(uniform), NOISE_FLOOR)
+                perturbed = tl.where(valid, scores - tl.log(noise), float("-inf"))
+                take = perturbed > best
+                best = tl.where(take, perturbed, best)
+                best_at = tl.where(take, cols[None, :], best_at)
+                best_score = tl.where(take, scores, best_score)
+        # Rows of lanes -> one (max, sum, best, its entry, its score) per row.
+        row_top = tl.max(top, axis=1)
+        safe = tl.where(row_top == float("-inf"), 0.0, row_top)
+        row_total = tl.sum(total * tl.exp(top - safe[:, None]), axis=1)
+        winner = tl.argmax(best, axis=1)
+        at_winner = lanes[None, :] == winner[:, None]
+        row_best = tl.max(best, axis=1)
+        row_at = tl.sum(tl.where(at_winner, best_at, 0), axis=1)
+        row_score = tl.sum(tl.where(at_winner, best_score, 0.0), axis=1)
         out = stats_ptr + (r * parts + part) * 4
-        tl.store(out, top, mask=row_ok)
-        tl.store(out + 1, total, mask=row_ok)
-        tl.store(out + 2, best, mask=row_ok)
-        tl.store(out + 3, best_score, mask=row_ok)
-        tl.store(index_ptr + r * parts + part, best_at.to(tl.int64), mask=row_ok)
+        tl.store(out, row_top, mask=row_ok)
+        tl.store(out + 1, row_total, mask=row_ok)
+        tl.store(out + 2, row_best, mask=row_ok)
+        tl.store(out + 3, row_score, mask=row_ok)
+        tl.store(index_ptr + r * parts + part, row_at.to(tl.int64), mask=row_ok)
 
     @triton.jit
     def _merge_kernel(stats_ptr, index_ptr, tokens_ptr, logprobs_ptr, rows, parts, ROWS: tl.constexpr,
