@@ -43,7 +43,10 @@ engine takes those two ideas and nothing else:
   done rows keep running with their outputs masked, and the host looks at the
   done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token.
 * **Sampling** on the device (:mod:`trainer.rollout.sampling`): temperature,
-  top-k, top-p, and each sampled token's log-prob under that distribution.
+  top-k, top-p, and each sampled token's log-prob under that distribution. On CUDA
+  a temperature-only draw (the plain mode) goes through one Triton pass over the
+  logits instead (:mod:`trainer.rollout.fused_sampling`, ``fused_sampler``), its
+  noise keyed by a device seed that each step advances.
 
 Supported models: decoder-only Qwen2, Qwen3 and Llama layouts (the HF
 modules' own parameters are read; anything else is refused at start, naming the
@@ -312,7 +315,10 @@ class StaticEngine(RolloutEngine):
         self.done[:rows] = torch.isin(token, self.stop_tensor)
         self.column.fill_(width)
         self.out_index.fill_(1)
-        self.sample_seed.fill_(int(torch.randint(0, 2**62, (1,))))  # from the run's seeded generator
+        if self.fused_sampler:
+            # Its noise's key, from the run's seeded generator; drawn only for the fused sampler,
+            # so the torch sampler's noise stays what the seed gave it before.
+            self.sample_seed.fill_(int(torch.randint(0, 2**62, (1,))))
 
         steps = 1
         while steps < params.max_new_tokens:
