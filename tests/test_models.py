@@ -3,7 +3,7 @@ import torch
 import transformers
 
 from trainer.config import ConfigError, TrainerConfig
-from trainer.models import RANDOM_SHAPES, byte_tokenizer, load_model_and_tokenizer, random_model
+from trainer.models import RANDOM_SHAPES, byte_tokenizer, decode_texts, load_model_and_tokenizer, random_model
 from trainer.tasks import load_task
 
 GSM8K_TEXT = "Janet’s ducks lay 16 eggs.\nShe makes 9 * 2 = $<<9*2=18>>18 a day.\n#### 18"
@@ -59,6 +59,21 @@ def test_byte_tokenizer_round_trips_gsm8k_text():
     ids = tokenizer(GSM8K_TEXT, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(GSM8K_TEXT.encode("utf-8"))
     assert tokenizer.decode(ids) == GSM8K_TEXT
+
+
+@pytest.mark.parametrize("tokenizer", [
+    pytest.param(byte_tokenizer(vocab_size=RANDOM_SHAPES["qwen2.5-0.5b"]["vocab_size"]), id="bytes-padded"),
+    pytest.param(tiny("synthetic")[1], id="words")])
+def test_decode_texts_is_batch_decode(tokenizer):
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, len(tokenizer), (16, 40), generator=generator).tolist()
+    rows[0][5:] = [tokenizer.eos_token_id] * 35  # a stopped row, padded with eos
+    rows[1] = tokenizer(GSM8K_TEXT, add_special_tokens=False)["input_ids"] + [tokenizer.pad_token_id] * 3
+    rows.append([])
+    texts = decode_texts(tokenizer, rows)
+    assert texts == tokenizer.batch_decode(rows, skip_special_tokens=True)
+    if len(tokenizer) > 256:
+        assert texts[1] == GSM8K_TEXT
 
 
 @pytest.mark.parametrize("dataset", ["synthetic", "/some/gsm8k/dir"])

@@ -86,7 +86,7 @@ from trainer.distill import Teacher
 from trainer.forward import PolicyScorer, compile_body
 from trainer.losses import pass_at_k
 from trainer.metrics import MetricsLogger, ProgressBar, SilentLogger, peak_memory_gb
-from trainer.models import load_model_and_tokenizer
+from trainer.models import decode_texts, load_model_and_tokenizer
 from trainer.precision import MASTER_DTYPE, Precision
 from trainer.rollout import SamplingParams, engine_class, make_engine
 from trainer.stopping import StopRequest, Stopped
@@ -259,7 +259,7 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
             batch = Batch.from_generation(prompts, generation, n=n, pad_id=pad_id, device=device)
 
             # -- 2. score: rewards, and pi_old / pi_ref where the update needs them ----------------
-            texts = tokenizer.batch_decode(generation.token_lists(), skip_special_tokens=True)
+            texts = decode_texts(tokenizer, generation.token_lists())
             samples_examples = [e for e in examples for _ in range(n)]  # group-contiguous, as generated
             rewards = torch.tensor([task.reward(t, e) for t, e in zip(texts, samples_examples)])  # (B,)
             with timed(times, "timing/ref", device):
@@ -358,7 +358,7 @@ def evaluate(engine, task, encode, tokenizer, cfg, *, seed: int, group: parallel
     examples = list(task.eval)[group.rank :: group.world]
     generation = engine.generate([encode(e.prompt) for e in examples], SamplingParams(
         n=k, max_new_tokens=cfg.max_generate_length, temperature=cfg.eval_temperature, seed=group.seed(seed)))
-    texts = tokenizer.batch_decode(generation.token_lists(), skip_special_tokens=True)
+    texts = decode_texts(tokenizer, generation.token_lists())
     correct = [task.is_correct(t, e) for t, e in zip(texts, (e for e in examples for _ in range(k)))]
     rewards = [task.reward(t, e) for t, e in zip(texts, (e for e in examples for _ in range(k)))]
     per_prompt = [sum(correct[i * k : (i + 1) * k]) for i in range(len(examples))]

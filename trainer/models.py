@@ -70,6 +70,16 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def decode_texts(tokenizer, rows: list[list[int]]) -> list[str]:
+    """``tokenizer.batch_decode(rows, skip_special_tokens=True)``, in the tokenizers library's
+    own batch decode where that gives the same text (no clean-up of tokenization spaces):
+    it decodes the rows in parallel in Rust, where transformers' goes row by row."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return backend.decode_batch(rows, skip_special_tokens=True)
+
+
 def builtin_tokenizer(cfg: TrainerConfig, *, vocab_size: int | None = None):
     """The tokenizer of a model built here: the synthetic task's own eight tokens (so a
     random policy is right about one time in ten, see trainer.tasks), else bytes."""
