@@ -4,7 +4,8 @@ For each engine variant and batch size: the wall time of one ``generate`` call o
 ``--batch`` rows x ``--new-tokens`` tokens after ``--prompt-length`` prompt tokens
 (prefill included, every row run to full length: a random model rarely samples its
 eos and the benchmark sets none), its tokens/s, and for graph-captured variants the
-time of one decode step alone (graph replays timed with CUDA events). Then the time of
+time of one decode step alone (graph replays timed with CUDA events, from the cache's
+first column: a step late in a long decode attends to more columns and takes longer). Then the time of
 ``sync_weights`` (fp32 policy -> the engine's bf16 buffers). On the H200::
 
     python3 benchmarks/bench_rollout.py --model random:qwen2.5-0.5b --batch 128 256 512
