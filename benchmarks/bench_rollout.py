@@ -174,18 +174,18 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if args.profile:
         profile_decode(model, tokenizer, device, dtype, args.profile, columns, args.profile_variant,
-                       args.attention[0])
+                       args.attention[0], args.sampler[0])
     return 0
 
 
-def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention):
+def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention, sampler):
     """Kernel time of decode steps, by kernel: where a step's time goes on the device.
 
     ``static-eager`` profiles eager steps; a graph variant profiles replays of its captured
     step (the kernels a run's decode actually launches)."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention)
+    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention, sampler)
     prompts = [[7] * 16 for _ in range(batch)]
     engine.generate(prompts, SamplingParams(n=1, max_new_tokens=4, seed=0))
     mode = engine._mode(SamplingParams(n=1, max_new_tokens=1))
@@ -202,7 +202,7 @@ def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, att
             graph.replay() if graph is not None else engine._decode_step(batch, mode)
         sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(f"profile: {variant}/{engine.attention.name}, batch {batch}, 5 steps at column {columns // 2}")
+    print(f"profile: {variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}, batch {batch}, 5 steps at column {columns // 2}")
     print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
 
 if __name__ == "__main__":

@@ -147,6 +147,11 @@ def _interpreting() -> bool:
 if triton is not None:
 
     @triton.jit
+    def _holds_columns(start, SPLIT: tl.constexpr, first, last):
+        """Whether the split of columns [start, start + SPLIT) holds any of [first, last]."""
+        return tl.minimum(start + SPLIT, last + 1) > tl.maximum(start, first)
+
+    @triton.jit
     def _split_kernel(q_ptr, k_ptr, v_ptr, first_ptr, column_ptr, partial_ptr, lse_ptr,
                       q_sb, q_sh, q_sg, k_sb, k_sh, k_sc, v_sb, v_sh, v_sc, scale, columns,
                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
@@ -154,7 +159,7 @@ if triton is not None:
                       SKIP_EMPTY: tl.constexpr):
         # One tile of SPLIT columns per program, K and V loaded together: the kernel is bound by
         # reading the cache, and a whole split in flight at once keeps the memory system busy.
-        row, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        row, head, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
         first = tl.load(first_ptr + row)
         last = tl.load(column_ptr)  # inclusive
         cols = split * SPLIT + tl.arange(0, SPLIT)
@@ -164,7 +169,7 @@ if triton is not None:
         # A split with no column of this row writes nothing (the merge skips it): early in a
         # decode most splits lie past the step's column, and they then cost a launch only.
         if SKIP_EMPTY:
-            has_columns = tl.minimum(split * SPLIT + SPLIT, last + 1) > tl.maximum(split * SPLIT, first)
+            has_columns = _holds_columns(split * SPLIT, SPLIT, first, last)
         else:
             has_columns = split >= 0
         if has_columns:
@@ -196,17 +201,19 @@ if triton is not None:
                       D: tl.constexpr, SPLITS_TILE: tl.constexpr):
         # One program per (row, KV head, query head of the group): the splits' outputs, weighted
         # by each one's share of the softmax mass.
-        row, head, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        row, head, g = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
         group = tl.num_programs(2)
         s = tl.arange(0, SPLITS_TILE)
         d = tl.arange(0, D)
         line = ((row * tl.num_programs(1) + head) * splits + s) * group + g  # (SPLITS_TILE,)
         first = tl.load(first_ptr + row)
         last = tl.load(column_ptr)
-        in_use = (s < splits) & (s * SPLIT <= last) & (s * SPLIT + SPLIT > first)  # the splits that wrote
+        in_use = (s < splits) & _holds_columns(s * SPLIT, SPLIT, first, last)  # the splits that wrote
         lse = tl.load(lse_ptr + line, mask=in_use, other=float("-inf"))
-        weight = tl.exp(lse - tl.max(lse, axis=0))
-        weight = weight / tl.sum(weight, axis=0)
+        top = tl.max(lse, axis=0)
+        weight = tl.exp(lse - tl.where(top == float("-inf"), 0.0, top))  # a row with no column: all 0
+        total = tl.sum(weight, axis=0)
+        weight = weight / tl.where(total == 0.0, 1.0, total)
         part = tl.load(partial_ptr + line[:, None] * D + d[None, :], mask=in_use[:, None], other=0.0)
         out = tl.sum(weight[:, None] * part, axis=0)
         dest = out_ptr + ((row * tl.num_programs(1) + head) * group + g) * D + d

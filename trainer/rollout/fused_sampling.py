@@ -20,13 +20,13 @@ from __future__ import annotations
 import torch
 
 from trainer.rollout.attention import triton, triton_runs_on
+from trainer.rollout.sampling import NOISE_FLOOR
 
 if triton is not None:
     import triton.language as tl
 
 SPAN = 8192  # vocabulary entries per program
 BLOCK = 2048  # entries per inner step
-NOISE_FLOOR = 1e-10  # as sampling.NOISE_FLOOR: an Exp(1) draw of 0 must not win
 
 
 def available(device: torch.device) -> bool:
@@ -44,7 +44,10 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.T
     if logits.stride(-1) != 1:
         raise ValueError("gumbel_sample needs each row of logits contiguous")
     if span % (4 * block) or block & (block - 1):
-        raise ValueError(f"gumbel_sample: block={block} must be a power of two, a quarter of span={span} or less")
+        raise ValueError(f"gumbel_sample: span={span} must be a multiple of four blocks of a power of two "
+                         f"(block={block})")
+    if rows_per_program & (rows_per_program - 1):
+        raise ValueError(f"gumbel_sample: rows_per_program={rows_per_program} is not a power of two")
     parts = -(-vocab // span)
     stats = torch.empty((rows, parts, 4), dtype=torch.float32, device=logits.device)
     index = torch.empty((rows, parts), dtype=torch.int64, device=logits.device)
@@ -78,6 +81,7 @@ if triton is not None:
         seed = tl.load(seed_ptr)
         r = block * ROWS + tl.arange(0, ROWS)
         row_ok = r < rows
+        row_at = r.to(tl.int64) * row_stride  # int64: rows x vocabulary may pass 2**31
         # Per-lane accumulators, reduced once at the end: a reduction per block would cost a
         # shared-memory round trip each; one Philox call gives the noise of four blocks.
         top = tl.full((ROWS, BLOCK), float("-inf"), tl.float32)  # running max of the scores
@@ -94,13 +98,15 @@ if triton is not None:
                 uniform = u0 if j == 0 else (u1 if j == 1 else (u2 if j == 2 else u3))
                 cols = start + j * BLOCK + lanes
                 valid = row_ok[:, None] & (cols < vocab)[None, :]
-                scores = tl.load(logits_ptr + r[:, None] * row_stride + cols[None, :], mask=valid,
+                scores = tl.load(logits_ptr + row_at[:, None] + cols[None, :], mask=valid,
                                  other=float("-inf")).to(tl.float32) / temperature
                 # Online log-sum-exp with one exp per entry: exp(-|s - top|) scales the smaller side.
-                gap = scores - top
-                shrink = tl.exp(-tl.abs(tl.where(valid, gap, 0.0)))
-                total = tl.where(valid, tl.where(gap > 0, total * shrink + 1.0, total + shrink), total)
-                top = tl.where(valid, tl.maximum(top, scores), top)
+                # A -inf logit (a masked entry) adds nothing, and must not meet a -inf top.
+                live = valid & (scores > float("-inf"))
+                gap = tl.where(live, scores - top, 0.0)
+                shrink = tl.exp(-tl.abs(gap))
+                total = tl.where(live, tl.where(gap > 0, total * shrink + 1.0, total + shrink), total)
+                top = tl.where(live, tl.maximum(top, scores), top)
                 # Gumbel-max: argmax(score - log E), E = -log U ~ Exp(1).
                 noise = tl.maximum(-tl.log(uniform), NOISE_FLOOR)
                 perturbed = tl.where(valid, scores - tl.log(noise), float("-inf"))
@@ -115,14 +121,14 @@ if triton is not None:
         winner = tl.argmax(best, axis=1)
         at_winner = lanes[None, :] == winner[:, None]
         row_best = tl.max(best, axis=1)
-        row_at = tl.sum(tl.where(at_winner, best_at, 0), axis=1)
+        row_entry = tl.sum(tl.where(at_winner, best_at, 0), axis=1)
         row_score = tl.sum(tl.where(at_winner, best_score, 0.0), axis=1)
         out = stats_ptr + (r * parts + part) * 4
         tl.store(out, row_top, mask=row_ok)
         tl.store(out + 1, row_total, mask=row_ok)
         tl.store(out + 2, row_best, mask=row_ok)
         tl.store(out + 3, row_score, mask=row_ok)
-        tl.store(index_ptr + r * parts + part, row_at.to(tl.int64), mask=row_ok)
+        tl.store(index_ptr + r * parts + part, row_entry.to(tl.int64), mask=row_ok)
 
     @triton.jit
     def _merge_kernel(stats_ptr, index_ptr, tokens_ptr, logprobs_ptr, rows, parts, ROWS: tl.constexpr,

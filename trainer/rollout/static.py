@@ -31,9 +31,9 @@ engine takes those two ideas and nothing else:
 * **Decode**: with ``enforce_eager=False`` on CUDA, the whole step (every layer,
   the final norm, lm_head and sampling) is captured once per batch-size bucket
   (powers of two) and replayed, its layer step and sampler ``torch.compile``'d first
-  (``compile_decode``, on by default: it fuses the norms, RoPE, cache writes and the
-  sampler's passes over the vocabulary, which a graph alone still runs as ~20 small
-  kernels a layer); otherwise it runs eagerly (always on CPU, which
+  (``compile_decode``, on by default: it fuses the norms, RoPE and cache writes, and the
+  torch sampler's passes over the vocabulary, which a graph alone still runs as ~20
+  small kernels a layer); otherwise it runs eagerly (always on CPU, which
   is how CI tests the same code). Attention (:mod:`trainer.rollout.attention`,
   ``decode_attention``) takes the grouped queries of a KV head as its query rows
   (``(b, kv_heads, q_per_kv, d)`` against the cache's ``(b, kv_heads, columns, d)``),
@@ -315,7 +315,7 @@ class StaticEngine(RolloutEngine):
         self.done[:rows] = torch.isin(token, self.stop_tensor)
         self.column.fill_(width)
         self.out_index.fill_(1)
-        if self.fused_sampler:
+        if self.fused_sampler and mode == PLAIN:
             # Its noise's key, from the run's seeded generator; drawn only for the fused sampler,
             # so the torch sampler's noise stays what the seed gave it before.
             self.sample_seed.fill_(int(torch.randint(0, 2**62, (1,))))
