@@ -37,11 +37,15 @@ NUM_WARPS = 4
 MIN_GROUP_TILE = 16  # tl.dot's smallest tile: the query heads of a KV head are padded to it
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def triton_runs_on(device: torch.device) -> bool:
     """Whether the Triton kernels can run on tensors of this device."""
     if triton is None:
         return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return device.type == "cuda" or _interpreting()
 
 
 class SdpaDecode:
@@ -84,7 +88,7 @@ DECODE_ATTENTION = {impl.name: impl for impl in (SdpaDecode, SplitKvDecode)}
 def choose(name: str, device: torch.device):
     """The implementation for ``name`` (``auto``: split-kv where Triton runs, else sdpa)."""
     if name == "auto":
-        name = "split-kv" if device.type == "cuda" and triton_runs_on(device) else "sdpa"
+        name = "split-kv" if device.type == "cuda" and triton is not None else "sdpa"
     if name not in DECODE_ATTENTION:
         raise ValueError(f"decode attention {name!r}: choose one of auto, {', '.join(DECODE_ATTENTION)}")
     if name == "split-kv" and not triton_runs_on(device):
@@ -125,6 +129,7 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
         q, cache_k, cache_v, first_column, column, partial, lse,
         *q.stride()[:3], *cache_k.stride()[:3], *cache_v.stride()[:3],
         1.0 / math.sqrt(d), columns,
+        # Triton's CPU interpreter multiplies bf16 tiles wrongly (as of 3.6): it gets fp32 ones.
         UPCAST=q.dtype == torch.float32 or _interpreting(), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         GROUP=group, GROUP_TILE=max(MIN_GROUP_TILE, triton.next_power_of_2(group)), D=d, SPLIT=split,
         SKIP_EMPTY=skip_empty, num_warps=num_warps)
@@ -137,11 +142,6 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
 @split_kv_decode.register_fake
 def _(q, cache_k, cache_v, first_column, column, split=SPLIT, num_warps=NUM_WARPS, skip_empty=True):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-
-def _interpreting() -> bool:
-    # Triton's CPU interpreter multiplies bf16 tiles wrongly (as of 3.6): it gets fp32 ones.
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if triton is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.rollout.attention import triton, triton_runs_on
+from trainer.rollout.attention import triton
 from trainer.rollout.sampling import NOISE_FLOOR
 
 if triton is not None:
@@ -27,10 +27,6 @@ if triton is not None:
 
 SPAN = 8192  # vocabulary entries per program
 BLOCK = 2048  # entries per inner step
-
-
-def available(device: torch.device) -> bool:
-    return triton_runs_on(device)
 
 
 @torch.library.custom_op("trainer::gumbel_sample", mutates_args=())

@@ -119,8 +119,8 @@ class StaticEngine(RolloutEngine):
         except ValueError as error:
             raise BackendUnavailable(str(error)) from None
         if fused_sampler is None:
-            fused_sampler = self.device.type == "cuda" and fused_sampling.available(self.device)
-        elif fused_sampler and not fused_sampling.available(self.device):
+            fused_sampler = self.device.type == "cuda" and decode_attention.triton_runs_on(self.device)
+        elif fused_sampler and not decode_attention.triton_runs_on(self.device):
             raise BackendUnavailable("the fused sampler needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
         self.fused_sampler = fused_sampler
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
