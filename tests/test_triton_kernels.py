@@ -23,7 +23,7 @@ from trainer.models import load_model_and_tokenizer
 from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import attention
 from trainer.rollout.attention import SPLIT, choose, split_kv_decode, split_kv_reference
-from trainer.rollout.fused_sampling import gumbel_sample
+from trainer.rollout.fused_sampling import softmax_sample
 from trainer.rollout.static import PLAIN, StaticEngine
 
 from test_static_engine import chi_square_p_value, sharpen
@@ -121,7 +121,7 @@ SAMPLER_TILES = dict(span=64, block=16, rows_per_program=256)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature, span, masked", [
     (1.0, 64, False), (0.6, 64, False),
-    (1.0, 128, False),  # two groups of four blocks in each program
+    (1.0, 128, False),  # eight blocks in each program
     (0.8, 64, True),  # -inf logits: a whole block at a span's start, and a ragged tail
 ])
 def test_fused_sampler_frequencies_match_the_tempered_softmax(device, temperature, span, masked):
@@ -133,7 +133,7 @@ def test_fused_sampler_frequencies_match_the_tempered_softmax(device, temperatur
         logits[64:80] = float("-inf")
         logits[150:199] = float("-inf")
     probs = (logits.double() / temperature).softmax(-1)
-    tokens, logprobs = gumbel_sample(logits.to(device).expand(draws, -1).contiguous(),
+    tokens, logprobs = softmax_sample(logits.to(device).expand(draws, -1).contiguous(),
                                      torch.tensor([temperature], device=device), torch.tensor([7], device=device),
                                      **(SAMPLER_TILES | dict(span=span)))
     tokens, logprobs = tokens.cpu(), logprobs.cpu()
@@ -150,12 +150,26 @@ def test_fused_sampler_frequencies_match_the_tempered_softmax(device, temperatur
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fused_sampler_takes_the_only_live_entry_wherever_it_is(device):
+    # One finite logit a row, the rest -inf: at a span's first and last entries, inside a
+    # block, and the vocabulary's last; the rows' draws land anywhere in [0, 1).
+    vocab = 200
+    live = torch.tensor([0, 63, 64, 127, 131, 199]).repeat(50)
+    logits = torch.full((len(live), vocab), float("-inf"))
+    logits[torch.arange(len(live)), live] = torch.randn(len(live)) * 5
+    tokens, logprobs = softmax_sample(logits.to(device), torch.tensor([0.7], device=device),
+                                      torch.tensor([11], device=device), **SAMPLER_TILES)
+    assert torch.equal(tokens.cpu(), live)
+    assert torch.allclose(logprobs.cpu(), torch.zeros(len(live)), atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_sampler_draws_follow_the_seed_and_each_row_draws_its_own(device):
     logits = torch.zeros((512, 40), device=device)  # uniform: every draw is the noise's
     temperature = torch.ones(1, device=device)
-    first, _ = gumbel_sample(logits, temperature, torch.tensor([3], device=device), **SAMPLER_TILES)
-    again, _ = gumbel_sample(logits, temperature, torch.tensor([3], device=device), **SAMPLER_TILES)
-    other, _ = gumbel_sample(logits, temperature, torch.tensor([4], device=device), **SAMPLER_TILES)
+    first, _ = softmax_sample(logits, temperature, torch.tensor([3], device=device), **SAMPLER_TILES)
+    again, _ = softmax_sample(logits, temperature, torch.tensor([3], device=device), **SAMPLER_TILES)
+    other, _ = softmax_sample(logits, temperature, torch.tensor([4], device=device), **SAMPLER_TILES)
     assert torch.equal(first, again)
     assert (first != other).float().mean() > 0.9  # 1/40 agree by chance
     assert chi_square_p_value(torch.bincount(first.cpu(), minlength=40).double(), torch.full((40,), 1 / 40)) > 1e-3
@@ -239,13 +253,13 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     build(attention._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
                                         column_ptr="*i64", splits="i32"),
           dict(SPLIT=attention.SPLIT, D=64, SPLITS_TILE=8), 1)
+    tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
     build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
-                                            seed_ptr="*i64", rows="i32", vocab="i32", stats_ptr="*fp32",
-                                            index_ptr="*i64"),
-          dict(ROWS=1, SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK, NOISE_FLOOR=1e-10), 8)
-    build(fused_sampling._merge_kernel, dict(stats_ptr="*fp32", index_ptr="*i64", tokens_ptr="*i64",
-                                             logprobs_ptr="*fp32", rows="i32", parts="i32"),
-          dict(ROWS=16, PARTS_TILE=32), 1)
+                                            rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)
+    build(fused_sampling._pick_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
+                                            seed_ptr="*i64", stats_ptr="*fp32", tokens_ptr="*i64",
+                                            logprobs_ptr="*fp32", rows="i32", vocab="i32", parts="i32"),
+          dict(ROWS=1, PARTS_TILE=32, **tiles), 8)
 
 
 @pytest.mark.skipif(attention.triton is None, reason="Triton is not installed")
