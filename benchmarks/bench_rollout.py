@@ -12,7 +12,7 @@ first column: a step late in a long decode attends to more columns and takes lon
 
 Variants: ``hf`` (transformers generate), ``static-eager`` (enforce_eager=True),
 ``static-graph`` (CUDA graphs), ``static-compiled`` (torch.compile'd layer step inside
-the graphs), ``static-autotune`` (the same compiled with max-autotune, ``decode_autotune``). Only ratios within one run mean anything: host-bound code varies 2x
+the graphs). Only ratios within one run mean anything: host-bound code varies 2x
 between machines.
 """
 
@@ -35,7 +35,7 @@ from trainer.rollout.attention import DECODE_ATTENTION  # noqa: E402
 from trainer.rollout.hf import HFEngine  # noqa: E402
 from trainer.rollout.static import StaticEngine  # noqa: E402
 
-VARIANTS = ("hf", "static-eager", "static-graph", "static-compiled", "static-autotune")
+VARIANTS = ("hf", "static-eager", "static-graph", "static-compiled")
 
 
 def parse_args(argv=None):
@@ -70,8 +70,7 @@ def make(variant, model, tokenizer, device, dtype, rows, columns, attention="aut
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
-                        compile_step=variant in ("static-compiled", "static-autotune"),
-                        autotune=variant == "static-autotune", attention=attention,
+                        compile_step=variant == "static-compiled", attention=attention,
                         fused_sampler={"auto": None, "fused": True, "torch": False}[sampler])
 
 

@@ -191,10 +191,6 @@ class TrainerConfig:
     compile_decode: bool = attrs.field(default=True, metadata=_doc(
         "torch.compile the static engine's decode step inside its CUDA graphs (fuses its small "
         "kernels; costs seconds of compilation per batch-size bucket on a run's first steps)"))
-    decode_autotune: bool = attrs.field(default=False, metadata=_doc(
-        "compile that decode step with torch.compile's max-autotune: each of its matmuls takes the "
-        "fastest of cuBLAS and Inductor's Triton templates, timed on the GPU (about a minute more "
-        "compilation per batch-size bucket)"))
     decode_attention: str = attrs.field(default="auto", validator=_choice(("auto", "sdpa", "split-kv")),
                                         metadata=_doc(
         "the static engine's decode attention: 'split-kv' (a Triton flash-decoding kernel that reads "

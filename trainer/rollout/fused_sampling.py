@@ -29,8 +29,9 @@ from trainer.rollout.attention import triton
 if triton is not None:
     import triton.language as tl
 
-SPAN = 8192  # vocabulary entries per program of the first pass (and walked by the second)
-BLOCK = 2048  # entries per inner step
+# The fastest of five tilings on an H200 at batch 128 and 256 (benchmarks/bench_sampler.py).
+SPAN = 4096  # vocabulary entries per program of the first pass (and walked by the second)
+BLOCK = 1024  # entries per inner step
 
 
 @torch.library.custom_op("trainer::softmax_sample", mutates_args=())

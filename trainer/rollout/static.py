@@ -103,7 +103,7 @@ class StaticEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
                  memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
-                 autotune: bool = False, attention: str = "auto", fused_sampler: Optional[bool] = None):
+                 attention: str = "auto", fused_sampler: Optional[bool] = None):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -165,12 +165,11 @@ class StaticEngine(RolloutEngine):
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         compiled = compile_step and self.device.type == "cuda"
-        # max-autotune times Triton GEMM templates against cuBLAS for each matmul's shape; the
-        # -no-cudagraphs mode, as the engine captures its own graphs around the whole step.
-        options = dict(dynamic=False, mode="max-autotune-no-cudagraphs" if autotune else None)
-        self._layer_step = torch.compile(_decode_layer, **options) if compiled else _decode_layer
-        self._sample_step = torch.compile(_sample_last, **options) if compiled else _sample_last
-        self._logits_step = torch.compile(_last_logits, **options) if compiled else _last_logits
+        # Default mode: max-autotune's Triton GEMMs made a step at batch 128 slower on an H200
+        # (1.62 against 1.33 ms, benchmarks/RESULTS.md); the engine captures its own graphs.
+        self._layer_step = torch.compile(_decode_layer, dynamic=False) if compiled else _decode_layer
+        self._sample_step = torch.compile(_sample_last, dynamic=False) if compiled else _sample_last
+        self._logits_step = torch.compile(_last_logits, dynamic=False) if compiled else _last_logits
 
     # -- construction -------------------------------------------------------------------------
 
@@ -181,7 +180,7 @@ class StaticEngine(RolloutEngine):
         return cls(model, tokenizer, device=device, dtype=dtype, max_rows=max_rows,
                    max_columns=cfg.max_prompt_length + cfg.max_generate_length,
                    memory_fraction=cfg.gpu_memory_utilization, cuda_graphs=not cfg.enforce_eager,
-                   compile_step=cfg.compile_decode and not cfg.enforce_eager, autotune=cfg.decode_autotune,
+                   compile_step=cfg.compile_decode and not cfg.enforce_eager,
                    attention=cfg.decode_attention)
 
     @classmethod
@@ -191,15 +190,11 @@ class StaticEngine(RolloutEngine):
         if cfg.device == "cpu":
             reasons["enforce_eager"] = "CUDA graphs need a CUDA device; on the CPU every step runs eagerly"
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs"
-            reasons["decode_autotune"] = "the decode step is compiled only inside CUDA graphs"
             reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
             if cfg.decode_attention == "auto":
                 reasons["decode_attention"] = "on the CPU 'auto' is sdpa (the split-kv kernel needs CUDA)"
         elif cfg.enforce_eager:
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs (enforce_eager=False)"
-            reasons["decode_autotune"] = reasons["compile_decode"]
-        elif not cfg.compile_decode:
-            reasons["decode_autotune"] = "it tunes the compiled decode step, and compile_decode=False"
         return reasons
 
     @classmethod

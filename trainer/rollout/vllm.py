@@ -46,7 +46,6 @@ class VLLMEngine(RolloutEngine):
         reasons = dict.fromkeys(("num_inference_engines", "colocate_all"),
                                 "this trainer runs one vLLM engine, colocated with the policy")
         reasons["compile_decode"] = "vLLM compiles its own model (enforce_eager turns that off)"
-        reasons["decode_autotune"] = reasons["compile_decode"]
         reasons["decode_attention"] = "vLLM picks its own attention backend"
         return reasons
 
