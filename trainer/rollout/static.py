@@ -429,13 +429,13 @@ class StaticEngine(RolloutEngine):
         cos = self.cos[self.positions[:b]][:, None]  # (b, 1, d)
         sin = self.sin[self.positions[:b]][:, None]
         context = self.attention.prepare(self, b)  # what attention reads this step (a mask, or the columns)
-        h = self.embed[self.tokens[:b]]  # (b, H)
+        h, mlp = self.embed[self.tokens[:b]], None  # (b, H), and a layer's MLP output still to add
         for index, layer in enumerate(self.layers):
-            h = self._layer_step(self, h, layer, self.cache[index, 0, :b], self.cache[index, 1, :b],
-                                 cos, sin, context)
+            h, mlp = self._layer_step(self, h, mlp, layer, self.cache[index, 0, :b], self.cache[index, 1, :b],
+                                      cos, sin, context)
         if self.fused_sampler and mode == PLAIN:
             # Two light passes over the logits, one uniform a row from a seed the step advances.
-            token, logprob = fused_sampling.softmax_sample(self._logits_step(self, h), self.temperature,
+            token, logprob = fused_sampling.softmax_sample(self._logits_step(self, h, mlp), self.temperature,
                                                            self.sample_seed)
             self.sample_seed += 1
         else:
@@ -443,7 +443,7 @@ class StaticEngine(RolloutEngine):
             # their offset on each graph replay.
             noise = None if greedy else torch.empty(
                 (b, top_k if 0 < top_k < self.vocab else self.vocab), device=self.device).exponential_()
-            token, logprob = self._sample_step(self, h, noise, mode)
+            token, logprob = self._sample_step(self, h, mlp, noise, mode)
         done = self.done[:b]
         token = torch.where(done, self.pad_id, token)
         self.out_tokens[:b].index_copy_(1, self.out_index, token[:, None])
@@ -458,9 +458,16 @@ class StaticEngine(RolloutEngine):
         """The cache stays allocated: captured graphs hold its address (it was sized for that)."""
 
 
-def _decode_layer(engine: StaticEngine, h, layer: Layer, cache_k, cache_v, cos, sin, context):
-    """One layer of one decode step for b rows: h (b, H) -> (b, H); writes K/V at the step's column."""
+def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache_k, cache_v, cos, sin, context):
+    """One layer of one decode step for b rows; writes K/V at the step's column.
+
+    h (b, H) is the residual stream before the previous layer's MLP output ``mlp`` (None at
+    the first layer) is added; returns this layer's (h, mlp) the same way. Each residual add
+    is then an epilogue of the RMS norm that follows it (one kernel when compiled), where
+    ``addmm`` would first copy the residual into its output."""
     b = h.shape[0]
+    if mlp is not None:
+        h = h + mlp
     x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
     q, k, v = engine._qkv(x, layer, cos, sin)  # (b, heads, d)
     cache_k.index_copy_(2, engine.column, k[:, :, None])
@@ -468,20 +475,20 @@ def _decode_layer(engine: StaticEngine, h, layer: Layer, cache_k, cache_v, cos, 
     group = engine.q_heads // engine.kv_heads
     grouped = q.reshape(b, engine.kv_heads, group, engine.head_dim)  # the queries of each KV head as rows
     attended = engine.attention.attend(grouped, cache_k, cache_v, context)
-    h = torch.addmm(h, attended.reshape(b, -1), layer.out.T)  # the residual add inside the matmul
+    h = h + attended.reshape(b, -1) @ layer.out.T
     gate, up = F.linear(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer.gate_up).chunk(2, -1)
-    return torch.addmm(h, F.silu(gate) * up, layer.down.T)
+    return h, (F.silu(gate) * up) @ layer.down.T
 
 
-def _last_logits(engine: StaticEngine, h):
-    """The final norm and lm_head of one decode step: h (b, H) -> logits (b, V), compute dtype."""
-    return F.rms_norm(h, (engine.hidden,), engine.final_norm, engine.eps) @ engine.lm_head.T
+def _last_logits(engine: StaticEngine, h, mlp):
+    """The last MLP's add, the final norm and lm_head of one decode step: logits (b, V), compute dtype."""
+    return F.rms_norm(h + mlp, (engine.hidden,), engine.final_norm, engine.eps) @ engine.lm_head.T
 
 
-def _sample_last(engine: StaticEngine, h, noise, mode: tuple):
-    """The final norm, lm_head and sampling of one decode step: h (b, H) -> (tokens, logprobs)."""
+def _sample_last(engine: StaticEngine, h, mlp, noise, mode: tuple):
+    """The final norm, lm_head and sampling of one decode step: (tokens, logprobs)."""
     top_k, top_p_on, greedy = mode
-    return sample_tokens(_last_logits(engine, h), temperature=engine.temperature, top_k=top_k,
+    return sample_tokens(_last_logits(engine, h, mlp), temperature=engine.temperature, top_k=top_k,
                          top_p=engine.top_p if top_p_on else None, greedy=greedy, noise=noise)
 
 
