@@ -429,7 +429,8 @@ class StaticEngine(RolloutEngine):
         cos = self.cos[self.positions[:b]][:, None]  # (b, 1, d)
         sin = self.sin[self.positions[:b]][:, None]
         context = self.attention.prepare(self, b)  # what attention reads this step (a mask, or the columns)
-        h, mlp = self.embed[self.tokens[:b]], None  # (b, H), and a layer's MLP output still to add
+        h = self.embed[self.tokens[:b]]  # (b, H)
+        mlp = torch.zeros_like(h)  # a layer's MLP output still to add: the first layer's has none
         for index, layer in enumerate(self.layers):
             h, mlp = self._layer_step(self, h, mlp, layer, self.cache[index, 0, :b], self.cache[index, 1, :b],
                                       cos, sin, context)
@@ -461,13 +462,13 @@ class StaticEngine(RolloutEngine):
 def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache_k, cache_v, cos, sin, context):
     """One layer of one decode step for b rows; writes K/V at the step's column.
 
-    h (b, H) is the residual stream before the previous layer's MLP output ``mlp`` (None at
-    the first layer) is added; returns this layer's (h, mlp) the same way. Each residual add
+    h (b, H) is the residual stream before the previous layer's MLP output ``mlp`` (zeros at
+    the first layer: one compiled graph serves every layer) is added; returns this layer's
+    (h, mlp) the same way. Each residual add
     is then an epilogue of the RMS norm that follows it (one kernel when compiled), where
     ``addmm`` would first copy the residual into its output."""
     b = h.shape[0]
-    if mlp is not None:
-        h = h + mlp
+    h = h + mlp
     x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
     q, k, v = engine._qkv(x, layer, cos, sin)  # (b, heads, d)
     cache_k.index_copy_(2, engine.column, k[:, :, None])
