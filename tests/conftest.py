@@ -101,15 +101,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _slurm_alone_tests_run_alone(request, tmp_path_factory):
-    """Under pytest-xdist a ``slurm_alone`` test holds an exclusive lock and every other test a
-    shared one. Those are the SLURM tests whose jobs run the trainer on this machine against a
-    deadline: no other test shares the CPUs with them. The other SLURM tests' jobs sleep and
-    write a few lines; they run on their worker beside the other worker's tests."""
+def _slurm_tests_run_alone(request, tmp_path_factory):
+    """Under pytest-xdist a SLURM test holds an exclusive lock and every other test a shared
+    one, so the cluster's tests (their jobs run on this machine, against deadlines) never
+    share the CPUs with another test, while the other tests run side by side."""
     if not hasattr(request.config, "workerinput"):  # one process: nothing runs beside it
         yield
         return
-    lock = tmp_path_factory.getbasetemp().parent / "slurm-alone.lock"  # shared by the workers
+    lock = tmp_path_factory.getbasetemp().parent / "slurm-tests.lock"  # shared by the workers
     with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if request.node.get_closest_marker("slurm_alone") else fcntl.LOCK_SH)
+        fcntl.flock(handle, fcntl.LOCK_EX if on_slurm(request.node) else fcntl.LOCK_SH)
         yield

@@ -37,7 +37,6 @@ DEADLINE_S = 120  # a guard against hanging; the job takes about 15 s
 
 pytestmark = [
     pytest.mark.slurm,
-    pytest.mark.slurm_alone,  # its job runs the trainer
     pytest.mark.skipif(shutil.which("sbatch") is None,
                        reason="sbatch is not on PATH: no SLURM here (start one with `sudo scripts/local-slurm start`)"),
 ]
