@@ -104,11 +104,13 @@ def pytest_collection_modifyitems(config, items):
 def _slurm_tests_run_alone(request, tmp_path_factory):
     """Under pytest-xdist a SLURM test holds an exclusive lock and every other test a shared
     one, so the cluster's tests (their jobs run on this machine, against deadlines) never
-    share the CPUs with another test, while the other tests run side by side."""
+    share the CPUs with another test, while the other tests run side by side. A
+    ``slurm_sleeps`` test takes the shared lock: its jobs spend their time asleep."""
     if not hasattr(request.config, "workerinput"):  # one process: nothing runs beside it
         yield
         return
     lock = tmp_path_factory.getbasetemp().parent / "slurm-tests.lock"  # shared by the workers
     with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if on_slurm(request.node) else fcntl.LOCK_SH)
+        alone = on_slurm(request.node) and not request.node.get_closest_marker("slurm_sleeps")
+        fcntl.flock(handle, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield

@@ -213,6 +213,7 @@ def test_smoke_grid_completes_and_the_report_has_its_rows(sweeper):
 
 
 @on_cluster
+@pytest.mark.slurm_sleeps  # two minutes of 2 s sleeps under a 1-minute limit, run beside other tests
 def test_failure_classes_and_a_chain_past_the_wall_limit(sweeper):
     # One grid so the slow cells share the time: the chain needs ~100 s of steps under a
     # 1-minute limit (SLURM ends a link 60-90 s in), the timeout cell hangs past its limit.
