@@ -464,9 +464,9 @@ def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache_k, cache_v, 
 
     h (b, H) is the residual stream before the previous layer's MLP output ``mlp`` (zeros at
     the first layer: one compiled graph serves every layer) is added; returns this layer's
-    (h, mlp) the same way. Each residual add
-    is then an epilogue of the RMS norm that follows it (one kernel when compiled), where
-    ``addmm`` would first copy the residual into its output."""
+    (h, mlp) the same way. Each residual add is then an epilogue of the RMS norm that
+    follows it (one kernel when compiled), where ``addmm`` would first copy the residual
+    into its output."""
     b = h.shape[0]
     h = h + mlp
     x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
