@@ -3,7 +3,7 @@ import torch
 import transformers
 
 from trainer.config import ConfigError, TrainerConfig
-from trainer.models import RANDOM_SHAPES, byte_tokenizer, decode_texts, load_model_and_tokenizer, random_model
+from trainer.models import RANDOM_SHAPES, byte_tokenizer, decode_texts, encode_prompts, load_model_and_tokenizer, random_model
 from trainer.tasks import load_task
 
 GSM8K_TEXT = "Janet’s ducks lay 16 eggs.\nShe makes 9 * 2 = $<<9*2=18>>18 a day.\n#### 18"
@@ -74,6 +74,16 @@ def test_decode_texts_is_batch_decode(tokenizer):
     assert texts == tokenizer.batch_decode(rows, skip_special_tokens=True)
     if len(tokenizer) > 256:
         assert texts[1] == GSM8K_TEXT
+
+
+def test_encode_prompts_is_each_prompts_own_ids_left_truncated():
+    tokenizer = byte_tokenizer(vocab_size=RANDOM_SHAPES["qwen2.5-0.5b"]["vocab_size"])
+    prompts = [GSM8K_TEXT, "x", GSM8K_TEXT + " And then?", ""]
+    alone = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert len(alone[0]) > 20 and 0 < len(alone[1]) < 20
+    assert encode_prompts(tokenizer, prompts, 20) == [ids[-20:] for ids in alone]
+    assert encode_prompts(tokenizer, prompts, 20)[2][-1] == alone[2][-1]  # the end is kept, not the start
+    assert encode_prompts(tokenizer, [], 20) == []
 
 
 @pytest.mark.parametrize("dataset", ["synthetic", "/some/gsm8k/dir"])

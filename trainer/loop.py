@@ -86,7 +86,7 @@ from trainer.distill import Teacher
 from trainer.forward import PolicyScorer, compile_body
 from trainer.losses import pass_at_k
 from trainer.metrics import MetricsLogger, ProgressBar, SilentLogger, peak_memory_gb
-from trainer.models import decode_texts, load_model_and_tokenizer
+from trainer.models import decode_texts, encode_prompts, load_model_and_tokenizer
 from trainer.precision import MASTER_DTYPE, Precision
 from trainer.rollout import SamplingParams, engine_class, make_engine
 from trainer.stopping import StopRequest, Stopped
@@ -189,9 +189,8 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
                               micro_batch_size=cfg.micro_forward_batch_size_per_gpu, precision=precision) \
         if reference is not None else None
 
-    def encode(prompt: str) -> list[int]:
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return ids[-cfg.max_prompt_length :]  # left-truncate: the question's end holds the ask
+    def encode(prompts: list[str]) -> list[list[int]]:
+        return encode_prompts(tokenizer, prompts, cfg.max_prompt_length)
 
     logger = MetricsLogger(metrics_path, stdout=stdout, resume_step=step) if group.is_main else SilentLogger()
     info = run_info(cfg, device=device, precision=precision, backend=backend, total_steps=total_steps,
@@ -247,7 +246,7 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
 
             # -- 1. generate: prompts (this rank's whole groups of each mini-batch) and rollouts ----
             step_examples = sampler.next_batch()
-            all_prompts = [encode(e.prompt) for e in step_examples]
+            all_prompts = encode([e.prompt for e in step_examples])
             examples = group.share(step_examples, cfg.policy_mini_batch_size)
             prompts = group.share(all_prompts, cfg.policy_mini_batch_size)
             params = SamplingParams(n=n, max_new_tokens=cfg.max_generate_length, temperature=cfg.temperature,
@@ -356,7 +355,7 @@ def evaluate(engine, task, encode, tokenizer, cfg, *, seed: int, group: parallel
     each rank samples every world-th prompt, and the sums are the ranks' together."""
     k = cfg.eval_n_samples_per_prompt
     examples = list(task.eval)[group.rank :: group.world]
-    generation = engine.generate([encode(e.prompt) for e in examples], SamplingParams(
+    generation = engine.generate(encode([e.prompt for e in examples]), SamplingParams(
         n=k, max_new_tokens=cfg.max_generate_length, temperature=cfg.eval_temperature, seed=group.seed(seed)))
     texts = decode_texts(tokenizer, generation.token_lists())
     correct = [task.is_correct(t, e) for t, e in zip(texts, (e for e in examples for _ in range(k)))]

@@ -70,6 +70,14 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def encode_prompts(tokenizer, prompts: list[str], max_length: int) -> list[list[int]]:
+    """Each prompt's own ids (no special tokens added), left-truncated to its last
+    ``max_length`` (a question's end holds the ask). One batch call: the tokenizers library
+    encodes the batch in parallel, where a call a prompt pays the wrapper's overhead each time."""
+    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
+    return [row[-max_length:] for row in ids]
+
+
 def decode_texts(tokenizer, rows: list[list[int]]) -> list[str]:
     """``tokenizer.batch_decode(rows, skip_special_tokens=True)``, in the tokenizers library's
     own batch decode where that gives the same text (no clean-up of tokenization spaces):
