@@ -44,9 +44,9 @@ engine takes those two ideas and nothing else:
   done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token.
 * **Sampling** on the device (:mod:`trainer.rollout.sampling`): temperature,
   top-k, top-p, and each sampled token's log-prob under that distribution. On CUDA
-  a temperature-only draw (the plain mode) goes through one Triton pass over the
-  logits instead (:mod:`trainer.rollout.fused_sampling`, ``fused_sampler``), its
-  noise keyed by a device seed that each step advances.
+  a temperature-only draw (the plain mode) goes through two Triton kernels instead
+  (:mod:`trainer.rollout.fused_sampling`, ``fused_sampler``): the logits' log-sum-exp,
+  then the inverse CDF at one uniform a row, keyed by a device seed each step advances.
 
 Supported models: decoder-only Qwen2, Qwen3 and Llama layouts (the HF
 modules' own parameters are read; anything else is refused at start, naming the
@@ -477,8 +477,7 @@ def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache_k, cache_v, 
     grouped = q.reshape(b, engine.kv_heads, group, engine.head_dim)  # the queries of each KV head as rows
     attended = engine.attention.attend(grouped, cache_k, cache_v, context)
     h = h + attended.reshape(b, -1) @ layer.out.T
-    gate, up = F.linear(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer.gate_up).chunk(2, -1)
-    return h, (F.silu(gate) * up) @ layer.down.T
+    return h, _mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
 
 
 def _last_logits(engine: StaticEngine, h, mlp):
