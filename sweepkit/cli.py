@@ -205,13 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     err = make_console(sys.stderr)
     configured = None
     try:
-        session = start_session(argv)
-        session.configure()
-        configured = session
-        command = session.options.command
-        if command == "run" and session.options.collect_only:
-            command = "list"  # pytest's `--collect-only`: what would run, and nothing runs
-        return int(getattr(commands, f"cmd_{command}")(session))
+        try:
+            session = start_session(argv)
+            session.configure()
+            configured = session
+            command = session.options.command
+            if command == "run" and session.options.collect_only:
+                command = "list"  # pytest's `--collect-only`: what would run, and nothing runs
+            return int(getattr(commands, f"cmd_{command}")(session))
+        finally:  # inside: a Ctrl-C as the plugins unconfigure ends the process as any other does
+            if configured is not None:
+                configured.unconfigure()
     except UsageError as exc:
         for index, line in enumerate(exc.lines):
             err.print(f"ERROR: {line}" if index == 0 else f"  {line}", markup=False)
@@ -223,6 +227,3 @@ def main(argv: list[str] | None = None) -> int:
         err.print("INTERNAL ERROR (a bug in sweepkit or a plugin):", markup=False)
         err.print(traceback.format_exc(), markup=False)
         return int(ExitCode.INTERNAL_ERROR)
-    finally:
-        if configured is not None:
-            configured.unconfigure()

@@ -117,7 +117,7 @@ def run_cell(job: CellJob, job_id: str | None = None, *, reraise_interrupt: bool
         returncode, failure, final, interruption = _run_child(job, directory, lock.fd)
         # The interrupt that reached this job may come again (the driver cancels its jobs
         # after the terminal's Ctrl-C): it is the same request, and must not cut the record short.
-        with _ignoring(signal.SIGINT) if interruption is not None else contextlib.nullcontext():
+        with ignoring(signal.SIGINT) if interruption is not None else contextlib.nullcontext():
             _finish_attempt(directory, attempt.n, returncode, failure, final)
         if reraise_interrupt and isinstance(interruption, KeyboardInterrupt):
             raise interruption
@@ -226,7 +226,7 @@ def _run_child(job: CellJob, directory: Path, lock_fd: int):
 def _terminate(child: subprocess.Popen) -> None:
     # Ctrl-C reaches this process more than once (the terminal's SIGINT, then the driver
     # cancelling its job); a second must not cut short the wait for the child to end.
-    with _ignoring(signal.SIGINT):
+    with ignoring(signal.SIGINT):
         if child.poll() is not None:
             return
         child.send_signal(signal.SIGTERM)
@@ -238,15 +238,18 @@ def _terminate(child: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def _ignoring(signum: int):
+def ignoring(*signums: int):
+    """The signals ignored for as long as it lasts (in the main thread; elsewhere nothing
+    changes), then their handlers as they were."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signum, signal.SIG_IGN)
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signum, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _describe_failure(returncode: int, stderr_path: Path) -> str:

@@ -29,6 +29,7 @@ from sweepkit import state as st
 from sweepkit.errors import UsageError
 from sweepkit.executors.base import DONE, Executor, Handle
 from sweepkit.hookspec import hookimpl
+from sweepkit.job import ignoring
 from sweepkit.metrics import Follower, Summary
 from sweepkit.progress import STYLES, RunDisplay, describe, fmt_duration, label
 from sweepkit.session import ExitCode
@@ -268,13 +269,16 @@ class Run:
                     if self.queue or self.active or self.attached:
                         time.sleep(POLL_INTERVAL_S)
             except KeyboardInterrupt:
-                for tracked in self.active:
-                    self.executor.cancel(tracked.handle)
-                for tracked in self.queue:  # asked to stop: the cells it had not started are cancelled too
-                    pl.mark_cancelled(tracked.plan, driver=self.driver_lock.path)
-                self.display.event("cancelled", "run", "interrupted; cancelled the running cells")
-                self.executor.close()
-                self._summary()
+                # A second Ctrl-C (or `sweep cancel`) meanwhile is the same request: it must not
+                # cut short the cancelling (a cluster's can take seconds) or the record.
+                with ignoring(signal.SIGINT, signal.SIGTERM):
+                    for tracked in self.active:
+                        self.executor.cancel(tracked.handle)
+                    for tracked in self.queue:  # asked to stop: the cells it had not started are cancelled too
+                        pl.mark_cancelled(tracked.plan, driver=self.driver_lock.path)
+                    self.display.event("cancelled", "run", "interrupted; cancelled the running cells")
+                    self.executor.close()
+                    self._summary()
                 return ExitCode.INTERRUPTED
         self.executor.close()
         return self._summary()

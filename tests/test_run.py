@@ -104,14 +104,14 @@ def completed_grid(sweeper) -> Path:
     return grid
 
 
-def rerun_in_flight(sweeper, grid: Path) -> subprocess.Popen:
+def rerun_in_flight(sweeper, grid: Path, *args: str) -> subprocess.Popen:
     """``sweep run --rerun`` of :func:`completed_grid`, its config changed so that its cells
     hang after their first step: the driver, in its own session as a terminal's foreground
     job, once ``base`` hangs and ``c1``, ``c2`` wait their turn."""
     grid.write_text(grid.read_text().replace("report='both'", "report='both', hang_at=1"))
     env = {**os.environ, **sweeper.env, "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join(p for p in (str(sweeper.path), os.environ.get("PYTHONPATH", "")) if p)}
-    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run", "--rerun"], cwd=sweeper.path, env=env,
+    driver = subprocess.Popen([sys.executable, "-m", "sweepkit", "run", "--rerun", *args], cwd=sweeper.path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     metrics = sweeper.path / "runs" / "g" / "base" / "metrics.jsonl"
     deadline = time.time() + 60
@@ -143,6 +143,40 @@ def test_an_interrupted_rerun_leaves_the_cells_it_never_started_as_they_were(cpu
         # Its finished run is still what the cell is: the rerun never started it.
         assert state["state"] == "completed" and len(state["attempts"]) == 1
     assert started(cpu_sweeper).count("c1") == started(cpu_sweeper).count("c2") == 1
+
+
+IMPATIENT_EXECUTOR = """
+import os, signal
+
+import sweepkit as sk
+from sweepkit.executors.local import LocalExecutor
+
+
+class Impatient(LocalExecutor):
+    def cancel(self, handle):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's second Ctrl-C, as the driver cancels
+        super().cancel(handle)
+
+
+@sk.hookimpl
+def sweep_register_executors(register):
+    register("impatient", lambda session: Impatient([], max_parallel=1), "local, Ctrl-C twice")
+"""
+
+
+def test_a_second_ctrl_c_as_the_driver_cancels_does_not_cut_its_record_short(cpu_sweeper):
+    grid = completed_grid(cpu_sweeper)
+    cpu_sweeper.write("grids/sweepconf.py", IMPATIENT_EXECUTOR)
+    driver = rerun_in_flight(cpu_sweeper, grid, "--executor", "impatient")
+    os.killpg(driver.pid, signal.SIGINT)
+    output, _ = driver.communicate(timeout=120)
+
+    assert driver.returncode == 2, output
+    assert "CANCELLED     run  interrupted" in output and "==== 3 not finished" in output, output
+    assert state_of(cpu_sweeper, "g", "base")["state"] == "cancelled"
+    for cell in ("c1", "c2"):  # queued when the first Ctrl-C came: their finished runs again
+        state = state_of(cpu_sweeper, "g", cell)
+        assert state["state"] == "completed" and len(state["attempts"]) == 1
 
 
 @on_cluster
