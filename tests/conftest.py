@@ -90,6 +90,17 @@ def on_slurm(item) -> bool:
     return bool(item.get_closest_marker("slurm")) or "cluster" in getattr(item, "fixturenames", ())
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker's torch (and every trainer its tests start) takes its
+    share of the cores, not all of them: two workers of two threads each would share two
+    cores, OpenMP's threads waiting for each other. An OMP_NUM_THREADS of the caller's own
+    is kept."""
+    if hasattr(config, "workerinput"):
+        share = (os.cpu_count() or 1) // int(config.workerinput["workercount"])
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, share)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n 2 --dist loadgroup``, the default options): a test file's tests
     run on one worker (its module fixtures are built once), and every test that submits to
@@ -100,17 +111,65 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+def runs_alone(item) -> bool:
+    """A SLURM test runs alone, but for a ``slurm_sleeps`` one: its jobs spend their time asleep."""
+    return on_slurm(item) and not item.get_closest_marker("slurm_sleeps")
+
+
+class SlurmTestsLock:
+    """Under pytest-xdist a SLURM test (its jobs run on this machine, against deadlines)
+    never shares the CPUs with another test, while the other tests run side by side: a
+    SLURM test holds an exclusive lock, every other test a shared one.
+
+    The worker that runs the SLURM tests (they are one xdist group) keeps the exclusive
+    lock from the first of a row of them to the last, and each lock is taken through a
+    turnstile, held by whoever waits for the lock: once the SLURM worker waits, the other
+    worker's next test waits for the row to end, and the row does not wait, test after
+    test, for a moment when the other worker holds no shared lock."""
+
+    def __init__(self, directory: Path):
+        self.lock = open(directory / "slurm-tests.lock", "a")  # noqa: SIM115 - the worker's whole life
+        self.turnstile = open(directory / "slurm-tests.turnstile", "a")  # noqa: SIM115
+        self.exclusive = False
+
+    def take(self, alone: bool) -> None:
+        if alone and self.exclusive:
+            return  # the row goes on
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        self.exclusive = alone
+
+    def release(self) -> None:
+        fcntl.flock(self.lock, fcntl.LOCK_UN)
+        self.exclusive = False
+
+
+SLURM_TESTS_LOCK = pytest.StashKey[SlurmTestsLock]()
+
+
 @pytest.fixture(autouse=True)
 def _slurm_tests_run_alone(request, tmp_path_factory):
-    """Under pytest-xdist a SLURM test holds an exclusive lock and every other test a shared
-    one, so the cluster's tests (their jobs run on this machine, against deadlines) never
-    share the CPUs with another test, while the other tests run side by side. A
-    ``slurm_sleeps`` test takes the shared lock: its jobs spend their time asleep."""
-    if not hasattr(request.config, "workerinput"):  # one process: nothing runs beside it
+    """See :class:`SlurmTestsLock`; one process (no xdist) runs one test at a time anyway."""
+    if not hasattr(request.config, "workerinput"):
         yield
         return
-    lock = tmp_path_factory.getbasetemp().parent / "slurm-tests.lock"  # shared by the workers
-    with open(lock, "a") as handle:
-        alone = on_slurm(request.node) and not request.node.get_closest_marker("slurm_sleeps")
-        fcntl.flock(handle, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        yield
+    stash = request.config.stash
+    if SLURM_TESTS_LOCK not in stash:
+        stash[SLURM_TESTS_LOCK] = SlurmTestsLock(tmp_path_factory.getbasetemp().parent)  # the workers' shared dir
+    lock = stash[SLURM_TESTS_LOCK]
+    alone = runs_alone(request.node)
+    lock.take(alone)
+    yield
+    if not alone:
+        lock.release()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    lock = item.config.stash.get(SLURM_TESTS_LOCK, None)
+    if lock is not None and lock.exclusive and (nextitem is None or not runs_alone(nextitem)):
+        lock.release()  # the row of SLURM tests ends here

@@ -165,7 +165,6 @@ def trained_teacher(tmp_path_factory):
     """A tiny model GRPO-trained on the synthetic task (reward about 0.9): its export/."""
     from trainer.loop import train
 
-    torch.set_num_threads(2)
     directory = tmp_path_factory.mktemp("teacher")
     last = train(TrainerConfig(**LEARN, lr=3e-3, max_steps=60, seed=42), ckpt_dir=directory,
                  metrics_path=directory / "metrics.jsonl", stdout=open("/dev/null", "w"))
@@ -184,7 +183,6 @@ def test_opd_halves_the_kl_and_lifts_a_fresh_student_to_the_teachers_reward(trai
                                                                              reward_after):
     from trainer.loop import train
 
-    torch.set_num_threads(2)
     cfg = TrainerConfig(**LEARN, lr=1e-2, max_steps=100, seed=3, teacher_model=str(trained_teacher),
                         use_kl_in_reward=True, advantage_estimator="no_op", policy_loss_type="importance_sampling",
                         teacher_top_k=top_k, export_final=False)
