@@ -1,5 +1,5 @@
 import sys
 
-from sweepkit.cli import main
+from sweepkit.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())

@@ -9,6 +9,7 @@ loaded first; then the full parser, with the options plugins added through
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -227,3 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         err.print("INTERNAL ERROR (a bug in sweepkit or a plugin):", markup=False)
         err.print(traceback.format_exc(), markup=False)
         return int(ExitCode.INTERNAL_ERROR)
+
+
+def console_main() -> int:
+    """The ``sweep`` command (and ``python -m sweepkit``): :func:`main`, then the process's
+    end. A Ctrl-C that comes once main has returned (a second one, as the interpreter shuts
+    down, when Python has put SIGINT back to its default) would kill the process and lose
+    the exit status main returned: 2 for a run already interrupted and recorded."""
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
