@@ -4,7 +4,8 @@ tokenizer):
 - sampled ids to text (128 rows x 512 ids): transformers' batch_decode against the
   tokenizers library's own batch decode (what ``trainer.models.decode_texts`` uses);
 - a step's prompts to ids (32 GSM8K prompts, chat template applied): a tokenizer call a
-  prompt against one call for the batch (what the loop does)::
+  prompt against ``trainer.models.encode_prompts``, one call for the batch (what the loop
+  does)::
 
     python benchmarks/bench_decode_texts.py [--dataset <gsm8k dir>]
 """
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.models import RANDOM_SHAPES, byte_tokenizer, decode_texts  # noqa: E402
+from trainer.models import RANDOM_SHAPES, byte_tokenizer, decode_texts, encode_prompts  # noqa: E402
 from trainer.tasks import load_task  # noqa: E402
 
 GSM8K = os.environ.get("SWEEPKIT_GSM8K", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"))
@@ -58,10 +59,14 @@ def main(argv=None) -> int:
         return 0
     task = load_task(TrainerConfig(model="random:qwen2.5-0.5b", dataset=args.dataset), tokenizer)
     prompts = [example.prompt for example in list(task.train)[: args.prompts]]
-    one_by_one = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    assert tokenizer(prompts, add_special_tokens=False)["input_ids"] == one_by_one
-    theirs = best_of(args.repeats, lambda: [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts])
-    ours = best_of(args.repeats, lambda: tokenizer(prompts, add_special_tokens=False)["input_ids"])
+    length = TrainerConfig().max_prompt_length
+
+    def one_by_one():
+        return [tokenizer(p, add_special_tokens=False)["input_ids"][-length:] for p in prompts]
+
+    assert encode_prompts(tokenizer, prompts, length) == one_by_one()
+    theirs = best_of(args.repeats, one_by_one)
+    ours = best_of(args.repeats, lambda: encode_prompts(tokenizer, prompts, length))
     print(f"{len(prompts)} prompts, best of {args.repeats}: a call each {theirs * 1e3:.2f} ms, "
           f"one batch call {ours * 1e3:.2f} ms, {theirs / ours:.2f}x")
     return 0
