@@ -96,9 +96,11 @@ def test_sync_weights_accepts_only_the_policy_it_samples_from(policy):
 
 
 def test_left_pad_layout():
-    ids, mask = left_pad([[5], [6, 7, 8]], 0, "cpu")
-    assert ids.tolist() == [[0, 0, 5], [6, 7, 8]]
-    assert mask.tolist() == [[0, 0, 1], [1, 1, 1]]
+    ids, mask = left_pad([[5], [6, 7, 8], [], [9, 4]], 0, "cpu")
+    assert ids.tolist() == [[0, 0, 5], [6, 7, 8], [0, 0, 0], [0, 9, 4]]
+    assert mask.tolist() == [[0, 0, 1], [1, 1, 1], [0, 0, 0], [0, 1, 1]]
+    ids, mask = left_pad([], 0, "cpu")
+    assert ids.shape == mask.shape == (0, 1)
 
 
 def test_generations_from_rows_and_concatenated_keep_rows_and_padding():

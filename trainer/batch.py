@@ -8,6 +8,7 @@ and one more stage, not another branch inside the loop.
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence, Union
 
 import attrs
@@ -41,8 +42,8 @@ class Batch:
     def from_generation(cls, prompts: list[list[int]], generation: Generation, *, n: int, pad_id: int,
                         device) -> "Batch":
         """The batch of ``prompts`` (each repeated ``n`` times) and their sampled completions."""
-        prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(n)], pad_id, device)
-        return cls(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        prompt_ids, prompt_mask = left_pad(prompts, pad_id, device)
+        return cls(prompt_ids=prompt_ids.repeat_interleave(n, dim=0), prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
                    response_ids=generation.response_ids.to(device),
                    response_mask=generation.response_mask.to(device, torch.float32),
                    stopped=generation.stopped.to(device),
@@ -74,12 +75,13 @@ class Batch:
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id rows -> (ids, attention mask), both (B, longest), padded on the left."""
-    longest = max(1, max(len(r) for r in rows))
+    """Token-id rows -> (ids, attention mask), both (B, longest), padded on the left.
+
+    One tensor of all the rows' ids, scattered through the mask (row-major, as the rows
+    are concatenated): a tensor a row cost 7 ms a step for 128 rows of 256 ids."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    longest = max(1, int(lengths.max())) if rows else 1
+    mask = torch.arange(longest)[None, :] >= (longest - lengths)[:, None]  # (B, longest)
     ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, longest - len(row) :] = 1
-    return ids.to(device), mask.to(device)
+    ids[mask] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
+    return ids.to(device), mask.long().to(device)
