@@ -87,6 +87,9 @@ def summarise(records: list[dict], warmup: int) -> dict:
         "peak_memory_gb": max(r["memory/peak_gb"] for r in kept),
     }
     summary |= {key: mean(key) for key in SPLIT}
+    # The host's share: prompts encoded, completions decoded and scored, the batch built.
+    summary["outside_stages"] = summary["sec_per_step"] - sum(summary[key] for key in SPLIT)
+    summary["each_step"] = [round(r["timing/step"], 4) for r in kept]
     return summary
 
 
@@ -130,6 +133,9 @@ def main(argv=None) -> int:
     for key in SPLIT:
         share = summary[key] / summary["sec_per_step"]
         print(f"  {key:<20}{summary[key]:.3f} s ({share:.0%})")
+    print(f"  {'outside the stages':<20}{summary['outside_stages']:.3f} s "
+          f"({summary['outside_stages'] / summary['sec_per_step']:.0%})")
+    print(f"  each step           {', '.join(f'{t:.3f}' for t in summary['each_step'])}")
     print(f"  response length     {summary['response_length_mean']:.1f}")
     print(f"  peak memory         {summary['peak_memory_gb']:.2f} GB")
     if args.compare == "trl":
