@@ -173,17 +173,16 @@ def trained_teacher(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("top_k, reward_after", [
-    (0, 0.7),
-    # 3 of the task's 8 tokens and a tail bucket: the folded KL says less about which tail
-    # token to write, so the student gets less of the teacher's reward in the same steps
-    (3, 0.4),
-])
-def test_opd_halves_the_kl_and_lifts_a_fresh_student_to_the_teachers_reward(trained_teacher, tmp_path, top_k,
-                                                                             reward_after):
+# top-k 3: 3 of the task's 8 tokens and a tail bucket, the folded KL.
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_opd_halves_the_kl_and_lifts_a_fresh_student_to_the_teachers_reward(trained_teacher, tmp_path, top_k):
     from trainer.loop import train
 
-    cfg = TrainerConfig(**LEARN, lr=1e-2, max_steps=100, seed=3, teacher_model=str(trained_teacher),
+    # lr 5e-3: the student reached 0.94-0.96 after 100 steps on each of four seeds, at either
+    # top-k; at 1e-2 it ranged 0.45-0.91 (some seeds overshoot and fall back), so one seed's
+    # result there moved with the machine's float rounding.
+    reward_after = 0.8
+    cfg = TrainerConfig(**LEARN, lr=5e-3, max_steps=100, seed=3, teacher_model=str(trained_teacher),
                         use_kl_in_reward=True, advantage_estimator="no_op", policy_loss_type="importance_sampling",
                         teacher_top_k=top_k, export_final=False)
     train(cfg, ckpt_dir=tmp_path / "student", metrics_path=tmp_path / "metrics.jsonl", stdout=open("/dev/null", "w"))

@@ -16,7 +16,6 @@ from sweepkit_plugins.ray_cluster import (AF_UNIX_MAX, RayBringup, plasma_socket
                                           socket_path_error)
 
 
-
 def free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
     for sock in sockets:
@@ -75,6 +74,7 @@ PY
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ray") is None, reason="needs Ray's CLI: pip install -e '.[ray]'")
 def test_bringup_runs_a_task_on_each_of_two_nodes():
     gcs, head_agent, worker_agent = free_ports(3)
     # Short and unique: the AF_UNIX limit applies here too, and it names our processes.
