@@ -54,7 +54,7 @@ def parse_args(argv=None):
                         help="the static variants' sampler in the plain mode: the fused Triton one, torch ops, "
                              "or auto (fused on CUDA)")
     parser.add_argument("--profile", type=int, default=0, metavar="BATCH",
-                        help="profile decode steps at this batch and print the top kernels")
+                        help="profile decode steps at this batch and print the top kernels (of each --attention)")
     parser.add_argument("--profile-variant", default="static-eager", choices=VARIANTS[1:],
                         help="what --profile profiles: eager steps, or replays of a variant's captured graph")
     return parser.parse_args(argv)
@@ -172,9 +172,9 @@ def main(argv=None) -> int:
               f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    if args.profile:
-        profile_decode(model, tokenizer, device, dtype, args.profile, columns, args.profile_variant,
-                       args.attention[0], args.sampler[0])
+    for attention in args.attention if args.profile else ():
+        profile_decode(model, tokenizer, device, dtype, args.profile, columns, args.profile_variant, attention,
+                       args.sampler[0])
     return 0
 
 

@@ -1,7 +1,8 @@
 """The static engine's Triton kernels, on a GPU and under Triton's CPU interpreter.
 
-The split-KV decode attention against masked SDPA, and the fused sampler against the
-softmax it samples from. The kernel tests run where Triton can run them: on CUDA
+The split-KV decode attention against masked SDPA, the fused decode attention against
+RoPE, the cache write and masked SDPA written out in torch, and the fused sampler
+against the softmax it samples from. The kernel tests run where Triton can run them: on CUDA
 (``gpu``), and on the CPU when ``TRITON_INTERPRET=1`` was set before Triton was
 imported. CI has no GPU, so ``test_the_kernel_tests_pass_under_the_triton_interpreter``
 runs this file's kernel tests again in a child pytest with that variable set.
@@ -9,6 +10,7 @@ runs this file's kernel tests again in a child pytest with that variable set.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -20,14 +22,15 @@ import pytest
 import torch
 
 from trainer.config import TrainerConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models import byte_tokenizer, load_model_and_tokenizer, random_model
 from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import attention
 from trainer.rollout.attention import SPLIT, choose, split_kv_decode, split_kv_reference
+from trainer.rollout.fused_attention import fused_decode_attention
 from trainer.rollout.fused_sampling import softmax_sample
 from trainer.rollout.static import PLAIN, StaticEngine
 
-from test_static_engine import chi_square_p_value, sharpen
+from test_static_engine import QWEN3_TINY, chi_square_p_value, sharpen
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and attention.triton is not None
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1"),
@@ -105,6 +108,141 @@ def test_the_engine_decodes_the_same_text_with_either_attention(device):
     ours, theirs = split.generate(prompts, greedy), sdpa.generate(prompts, greedy)
     assert ours.token_lists() == theirs.token_lists()
     torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
+
+
+def rotated(x, cos, sin, norm=None, eps=1e-6):
+    """HF's RoPE (rotate-half) of x (b, heads, d), RMS-normed per head first when ``norm`` is given."""
+    if norm is not None:
+        x = torch.nn.functional.rms_norm(x, (x.shape[-1],), norm, eps)
+    half = x.shape[-1] // 2
+    return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, None]
+
+
+def fused_inputs(device, dtype, *, norm: bool, rows=4, kv_heads=2, group=7, d=64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(shape, generator=generator).to(device, dtype)
+
+    q_heads = kv_heads * group
+    angles = torch.rand((rows, d // 2), generator=generator).repeat(1, 2) * 6.3  # HF's layout: the halves alike
+    return dict(qkv=draw(rows, (q_heads + 2 * kv_heads) * d), cos=angles.cos().to(device, dtype),
+                sin=angles.sin().to(device, dtype),
+                cache=draw(2, rows, kv_heads, COLUMNS, d), q_norm=draw(d) if norm else None,
+                k_norm=draw(d) if norm else None, q_heads=q_heads)
+
+
+def unfused(inputs, first, column, eps=1e-6):
+    """What fused_decode_attention computes, in torch: (output, the cache after the step)."""
+    qkv, cos, sin, q_heads = inputs["qkv"].float(), inputs["cos"].float(), inputs["sin"].float(), inputs["q_heads"]
+    cache = inputs["cache"].clone()
+    _, rows, kv_heads, _, d = cache.shape
+    norms = [None if inputs[key] is None else inputs[key].float() for key in ("q_norm", "k_norm")]
+    q = rotated(qkv[:, : q_heads * d].unflatten(1, (q_heads, d)), cos, sin, norms[0], eps)
+    k = rotated(qkv[:, q_heads * d : (q_heads + kv_heads) * d].unflatten(1, (kv_heads, d)), cos, sin, norms[1], eps)
+    v = qkv[:, (q_heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
+    cache[0, :, :, column] = k.to(cache.dtype)
+    cache[1, :, :, column] = v.to(cache.dtype)
+    grouped = q.to(cache.dtype).reshape(rows, kv_heads, q_heads // kv_heads, d)
+    out = split_kv_reference(grouped, cache[0], cache[1], torch.tensor(first, device=cache.device),
+                             torch.tensor([column], device=cache.device))
+    return out, cache
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("norm", [False, True], ids=["qwen2", "qwen3-norms"])
+def test_fused_attention_equals_rope_the_cache_write_and_masked_sdpa(device, dtype, norm):
+    inputs = fused_inputs(device, dtype, norm=norm)
+    # bf16: an output rounding or two, relative to the value (a row of one column returns its v)
+    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=8e-3)
+    for first, column in SPANS:
+        expected, expected_cache = unfused(inputs, first, column)
+        cache = inputs["cache"].clone()
+        ours = fused_decode_attention(inputs["qkv"], inputs["cos"], inputs["sin"], cache,
+                                      torch.tensor(first, device=device), torch.tensor([column], device=device),
+                                      inputs["q_norm"], inputs["k_norm"], 1e-6, inputs["q_heads"])
+        assert ours.shape == expected.shape and ours.dtype == dtype
+        torch.testing.assert_close(ours.float(), expected.float(), **tolerance, msg=lambda m: f"{first, column}: {m}")
+        # The step's column holds the rotated k and the v; every other column is as it was.
+        written = torch.zeros(COLUMNS, dtype=torch.bool)
+        written[column] = True
+        assert torch.equal(cache[:, :, :, ~written], inputs["cache"][:, :, :, ~written])
+        torch.testing.assert_close(cache[:, :, :, column].float(), expected_cache[:, :, :, column].float(),
+                                   **tolerance)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_attention_rows_without_columns_and_columns_a_row_does_not_use(device):
+    inputs = fused_inputs(device, torch.float32, norm=False, rows=3)
+    first, column = [5, 140, 300], 190  # row 2 has no column in use (300 > 190)
+
+    def run(cache):
+        return fused_decode_attention(inputs["qkv"], inputs["cos"], inputs["sin"], cache,
+                                      torch.tensor(first, device=device), torch.tensor([column], device=device),
+                                      None, None, 1e-6, inputs["q_heads"])
+
+    before = run(inputs["cache"].clone())
+    poisoned = inputs["cache"].clone()
+    poisoned[:, 0, :, :5] = float("nan")  # left padding
+    poisoned[:, 1, :, :140] = float("nan")
+    poisoned[:, :, :, 190:] = float("nan")  # the step's column (written by the step) and the unwritten ones
+    after = run(poisoned)
+    assert torch.equal(after, before)
+    assert torch.equal(after[2], torch.zeros_like(after[2]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_the_fused_engine_decodes_what_the_sdpa_engine_does(device, architecture):
+    if architecture == "qwen2":
+        model, tokenizer = tiny_policy(device)
+    else:
+        tokenizer = byte_tokenizer()
+        model = sharpen(random_model(QWEN3_TINY, tokenizer, seed=3, vocab_size=len(tokenizer)).eval()).to(device)
+    long = "Tom has 3 apples and buys 4 more; then he gives half of them to Ann, who eats one. " * 2
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in (long, "x", "12 * 7 =")]
+    args = dict(device=device, dtype=torch.float32, max_rows=4, max_columns=2 * SPLIT + 64)
+    fused = StaticEngine(model, tokenizer, attention="fused", **args)
+    sdpa = StaticEngine(model, tokenizer, attention="sdpa", **args)
+    assert fused.attention.name == "fused"
+    greedy = SamplingParams(n=1, max_new_tokens=8, temperature=0.0)
+    ours, theirs = fused.generate(prompts, greedy), sdpa.generate(prompts, greedy)
+    assert ours.token_lists() == theirs.token_lists()
+    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(fused.cache, sdpa.cache, atol=1e-5, rtol=0)  # the same K/V written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["split-kv", "fused"])
+def test_the_compiled_layer_step_writes_the_cache_in_place(device, name):
+    """torch.compile must write the step's K/V into the cache itself: a mutation it cannot
+    do in place becomes a copy of the layer's whole cache at every step (a 3x slower decode
+    step on an H200, seen when the unfused path took K and V as one view and unbound it)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from trainer.rollout.static import _decode_layer
+
+    model, tokenizer = tiny_policy(device)
+    engine = StaticEngine(model, tokenizer, device=device, dtype=torch.float32, max_rows=4, max_columns=64,
+                          attention=name)
+    engine.generate([[5, 6, 7]] * 4, SamplingParams(n=1, max_new_tokens=3, temperature=0.0))  # a decode state
+    b, layer = 4, engine.layers[0]
+    h = torch.randn(b, engine.hidden, device=device)
+    cos, sin = engine.cos[engine.positions[:b]][:, None], engine.sin[engine.positions[:b]][:, None]
+    context = engine.attention.prepare(engine, b)
+    expected_cache = engine.cache.clone()
+    expected, _ = _decode_layer(engine, h, torch.zeros_like(h), layer,
+                                engine.attention.layer_cache(expected_cache, 0, b), cos, sin, context)
+    (out, _), codes = run_and_get_code(torch.compile(_decode_layer, dynamic=False), engine, h, torch.zeros_like(h),
+                                       layer, engine.attention.layer_cache(engine.cache, 0, b), cos, sin, context)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(engine.cache, expected_cache, atol=1e-5, rtol=1e-5)  # the write reached the cache
+    code = "\n".join(codes)
+    layer_k = engine.cache[0, 0, :b].numel()
+    shapes = [[int(n) for n in dims.split(",") if n.strip()]
+              for dims in re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", code)]
+    assert shapes and all(math.prod(shape) < layer_k for shape in shapes), shapes
 
 
 def tiny_policy(device):
@@ -213,9 +351,10 @@ def test_auto_is_sdpa_on_the_cpu_and_split_kv_there_is_refused_by_name():
     cpu = torch.device("cpu")
     if not INTERPRETED:
         assert choose("auto", cpu).name == "sdpa"
-        with pytest.raises(ValueError, match="'split-kv'.*TRITON_INTERPRET=1.*'sdpa'"):
-            choose("split-kv", cpu)
-    with pytest.raises(ValueError, match="'flash'.*auto, sdpa, split-kv"):
+        for name in ("split-kv", "fused"):
+            with pytest.raises(ValueError, match=f"'{name}'.*TRITON_INTERPRET=1.*'sdpa'"):
+                choose(name, cpu)
+    with pytest.raises(ValueError, match="'flash'.*auto, sdpa, split-kv, fused"):
         choose("flash", cpu)
 
 
@@ -224,9 +363,10 @@ def test_an_engine_asked_for_split_kv_where_it_cannot_run_says_so():
         pytest.skip("the interpreter runs split-kv on the CPU")
     model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device="cpu",
                                                 dtype="float32")
-    with pytest.raises(BackendUnavailable, match="split-kv"):
-        StaticEngine(model, tokenizer, device="cpu", dtype=torch.float32, max_rows=2, max_columns=64,
-                     attention="split-kv")
+    for name in ("split-kv", "fused"):
+        with pytest.raises(BackendUnavailable, match=name):
+            StaticEngine(model, tokenizer, device="cpu", dtype=torch.float32, max_rows=2, max_columns=64,
+                         attention=name)
 
 
 @pytest.mark.skipif(attention.triton is None, reason="Triton is not installed")
@@ -237,7 +377,7 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from trainer.rollout import fused_sampling
+    from trainer.rollout import fused_attention, fused_sampling
 
     def build(fn, signature, constexprs, num_warps):
         source = ASTSource(fn=fn, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs)
@@ -254,6 +394,15 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     build(attention._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
                                         column_ptr="*i64", splits="i32"),
           dict(SPLIT=attention.SPLIT, D=64, SPLITS_TILE=8), 1)
+    for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
+        for norm in (False, True):
+            build(fused_attention._fused_kernel,
+                  dict(qkv_ptr=dtype, qkv_sb="i32", cos_ptr=dtype, sin_ptr=dtype, cs_sb="i32", q_norm_ptr=dtype,
+                       k_norm_ptr=dtype, eps="fp32", cache_ptr=dtype, c_skv="i32", c_sb="i32", c_sh="i32",
+                       c_sc="i32", first_ptr="*i64", column_ptr="*i64", partial_ptr="*fp32", lse_ptr="*fp32",
+                       scale="fp32", columns="i32"),
+                  dict(UPCAST=upcast, PRECISION=precision, Q_HEADS=14, KV_HEADS=2, GROUP=7, GROUP_TILE=16, D=64,
+                       SPLIT=attention.SPLIT, HAS_NORM=norm), attention.NUM_WARPS)
     tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
     build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
                                             rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)

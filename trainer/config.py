@@ -191,11 +191,12 @@ class TrainerConfig:
     compile_decode: bool = attrs.field(default=True, metadata=_doc(
         "torch.compile the static engine's decode step inside its CUDA graphs (fuses its small "
         "kernels; costs seconds of compilation per batch-size bucket on a run's first steps)"))
-    decode_attention: str = attrs.field(default="auto", validator=_choice(("auto", "sdpa", "split-kv")),
+    decode_attention: str = attrs.field(default="auto", validator=_choice(("auto", "sdpa", "split-kv", "fused")),
                                         metadata=_doc(
         "the static engine's decode attention: 'split-kv' (a Triton flash-decoding kernel that reads "
-        "only the cache columns in use), 'sdpa' (PyTorch's attention over every column, masked), or "
-        "'auto' (split-kv on CUDA where Triton is installed, else sdpa)"))
+        "only the cache columns in use), 'fused' (split-kv with the layer's RoPE and cache write in "
+        "its split kernel), 'sdpa' (PyTorch's attention over every column, masked), or 'auto' "
+        "(fused on CUDA where Triton is installed, else sdpa)"))
     colocate_all: bool = attrs.field(default=True, metadata=_doc(
         "policy and rollout engines share the GPUs (engines sleep during training)"))
     num_inference_engines: int = attrs.field(default=1, validator=_positive, metadata=_doc(

@@ -13,7 +13,14 @@ Two implementations behind one call, picked by name (:data:`DECODE_ATTENTION`):
   partial outputs by their log-sum-exp. The query heads of a KV head are the rows
   of one tile (GQA without repeating K/V).
 
-Both take the step's state from device tensors, so a CUDA graph replays either. The
+* ``fused``: the split-kv kernels with the layer's RoPE and its cache write folded into
+  the split kernel (:mod:`trainer.rollout.fused_attention`): two kernels a layer where
+  split-kv takes five (the rotation and the two cache writes run in the layer step
+  before it).
+
+Each implementation's :meth:`decode` takes the fused qkv projection of one decode token
+(before RoPE) and returns the attended heads, the token's K/V written into the cache.
+All take the step's state from device tensors, so a CUDA graph replays any of them. The
 Triton kernels also run on the CPU under ``TRITON_INTERPRET=1``, which is how CI
 checks them against ``sdpa``.
 """
@@ -48,7 +55,30 @@ def triton_runs_on(device: torch.device) -> bool:
     return device.type == "cuda" or _interpreting()
 
 
-class SdpaDecode:
+class UnfusedDecode:
+    """RoPE and the cache write in the (compiled) layer step, then the attention of ``attend``."""
+
+    @staticmethod
+    def layer_cache(cache, layer: int, b: int):
+        """What :meth:`decode` takes of the engine's cache (layers, 2, rows, kv_heads, columns, d):
+        K and V of one layer's first b rows, as two views (a view of both, unbound inside the
+        compiled step, made torch.compile copy the whole cache at every write)."""
+        return cache[layer, 0, :b], cache[layer, 1, :b]
+
+    @classmethod
+    def decode(cls, engine, layer, qkv, cache, cos, sin, context):
+        """qkv (b, (q_heads + 2 kv_heads) d) before RoPE -> the attended heads (b, q_heads d);
+        writes the token's K/V into the layer's cache at the step's column."""
+        b = qkv.shape[0]
+        cache_k, cache_v = cache  # each (b, kv_heads, columns, d)
+        q, k, v = engine._rotary(qkv, layer, cos, sin)  # (b, heads, d)
+        cache_k.index_copy_(2, engine.column, k[:, :, None])
+        cache_v.index_copy_(2, engine.column, v[:, :, None])
+        grouped = q.reshape(b, engine.kv_heads, engine.q_heads // engine.kv_heads, engine.head_dim)
+        return cls.attend(grouped, cache_k, cache_v, context).reshape(b, -1)
+
+
+class SdpaDecode(UnfusedDecode):
     """SDPA over every column, with an additive mask for the columns a row does not use."""
 
     name = "sdpa"
@@ -67,7 +97,7 @@ class SdpaDecode:
         return F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=context)
 
 
-class SplitKvDecode:
+class SplitKvDecode(UnfusedDecode):
     """Flash decoding: the columns in use, split across programs, merged by log-sum-exp."""
 
     name = "split-kv"
@@ -82,19 +112,47 @@ class SplitKvDecode:
         return torch.ops.trainer.split_kv_decode(q, cache_k, cache_v, first_column, column)
 
 
-DECODE_ATTENTION = {impl.name: impl for impl in (SdpaDecode, SplitKvDecode)}
+class FusedDecode:
+    """split-kv with the layer's RoPE and cache write in its split kernel."""
+
+    name = "fused"
+
+    @staticmethod
+    def layer_cache(cache, layer: int, b: int):
+        """One view (2, b, kv_heads, columns, d): the op mutates one tensor (two views of one
+        buffer, both mutated, would make torch.compile copy one of them whole)."""
+        return cache[layer, :, :b]
+
+    @staticmethod
+    def prepare(engine, b: int):
+        return engine.first_column[:b], engine.column
+
+    @staticmethod
+    def decode(engine, layer, qkv, cache, cos, sin, context):
+        first_column, column = context
+        b = qkv.shape[0]
+        attended = torch.ops.trainer.fused_decode_attention(
+            qkv, cos.reshape(b, -1), sin.reshape(b, -1), cache, first_column, column,
+            layer.q_norm, layer.k_norm, engine.eps, engine.q_heads)
+        return attended.reshape(b, -1)
+
+
+DECODE_ATTENTION = {impl.name: impl for impl in (SdpaDecode, SplitKvDecode, FusedDecode)}
+NEEDS_TRITON = ("split-kv", "fused")
 
 
 def choose(name: str, device: torch.device):
-    """The implementation for ``name`` (``auto``: split-kv where Triton runs, else sdpa)."""
+    """The implementation for ``name`` (``auto``: fused where Triton runs on CUDA, else sdpa)."""
     if name == "auto":
-        name = "split-kv" if device.type == "cuda" and triton is not None else "sdpa"
+        name = "fused" if device.type == "cuda" and triton is not None else "sdpa"
     if name not in DECODE_ATTENTION:
         raise ValueError(f"decode attention {name!r}: choose one of auto, {', '.join(DECODE_ATTENTION)}")
-    if name == "split-kv" and not triton_runs_on(device):
+    if name in NEEDS_TRITON and not triton_runs_on(device):
         why = "Triton is not installed" if triton is None else f"Triton does not run on {device.type} tensors"
-        raise ValueError(f"decode attention 'split-kv': {why} (on the CPU it runs only under TRITON_INTERPRET=1); "
+        raise ValueError(f"decode attention {name!r}: {why} (on the CPU it runs only under TRITON_INTERPRET=1); "
                          f"use 'sdpa'")
+    if name == "fused":
+        from trainer.rollout import fused_attention  # noqa: F401  (registers its op; it imports this module)
     return DECODE_ATTENTION[name]
 
 
@@ -118,14 +176,8 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
     columns = cache_k.shape[2]
     if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("split_kv_decode needs the head dimension contiguous")
-    if d & (d - 1) or d < 16:
-        raise ValueError(f"split_kv_decode needs a power-of-two head dimension of at least 16, not {d}")
-    if split & (split - 1) or split < 16:
-        raise ValueError(f"split_kv_decode: split={split} is not a power of two of at least 16")
-    splits = -(-columns // split)
-    partial = torch.empty((b, kv_heads, splits, group, d), dtype=torch.float32, device=q.device)
-    lse = torch.empty((b, kv_heads, splits, group), dtype=torch.float32, device=q.device)
-    _split_kernel[(b, kv_heads, splits)](
+    partial, lse = split_partials("split_kv_decode", (b, kv_heads, group, d), columns, split, q.device)
+    _split_kernel[(b, kv_heads, partial.shape[2])](
         q, cache_k, cache_v, first_column, column, partial, lse,
         *q.stride()[:3], *cache_k.stride()[:3], *cache_v.stride()[:3],
         1.0 / math.sqrt(d), columns,
@@ -133,7 +185,26 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
         UPCAST=q.dtype == torch.float32 or _interpreting(), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         GROUP=group, GROUP_TILE=max(MIN_GROUP_TILE, triton.next_power_of_2(group)), D=d, SPLIT=split,
         SKIP_EMPTY=skip_empty, num_warps=num_warps)
-    out = torch.empty((b, kv_heads, group, d), dtype=q.dtype, device=q.device)
+    return merge_splits(partial, lse, first_column, column, q.dtype, split)
+
+
+def split_partials(op: str, heads: tuple, columns: int, split: int, device):
+    """Check the tiles of a split-KV kernel and allocate its splits' partial outputs
+    (b, kv_heads, splits, group, d) and log-sum-exps (b, kv_heads, splits, group), fp32."""
+    b, kv_heads, group, d = heads
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"{op} needs a power-of-two head dimension of at least 16, not {d}")
+    if split & (split - 1) or split < 16:
+        raise ValueError(f"{op}: split={split} is not a power of two of at least 16")
+    splits = -(-columns // split)
+    return (torch.empty((b, kv_heads, splits, group, d), dtype=torch.float32, device=device),
+            torch.empty((b, kv_heads, splits, group), dtype=torch.float32, device=device))
+
+
+def merge_splits(partial, lse, first_column, column, dtype, split: int) -> torch.Tensor:
+    """The splits' partial outputs weighted by their share of the softmax: (b, kv_heads, group, d)."""
+    b, kv_heads, splits, group, d = partial.shape
+    out = torch.empty((b, kv_heads, group, d), dtype=dtype, device=partial.device)
     _merge_kernel[(b, kv_heads, group)](partial, lse, out, first_column, column, splits, SPLIT=split, D=d,
                                         SPLITS_TILE=triton.next_power_of_2(splits), num_warps=1)
     return out

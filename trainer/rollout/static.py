@@ -38,7 +38,9 @@ engine takes those two ideas and nothing else:
   ``decode_attention``) takes the grouped queries of a KV head as its query rows
   (``(b, kv_heads, q_per_kv, d)`` against the cache's ``(b, kv_heads, columns, d)``),
   so GQA needs no repeated K/V: on CUDA a split-KV Triton kernel that reads only
-  the columns in use, elsewhere SDPA over every column with a mask.
+  the columns in use and (``fused``, the default there) also rotates q and k and
+  writes the token's K/V, so a layer's attention is two kernels (split, merge)
+  between the qkv and out projections; elsewhere SDPA over every column with a mask.
 * **Stopping**: a row is done after its first stop token (the model's eos ids);
   done rows keep running with their outputs masked, and the host looks at the
   done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token.
@@ -192,7 +194,7 @@ class StaticEngine(RolloutEngine):
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs"
             reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
             if cfg.decode_attention == "auto":
-                reasons["decode_attention"] = "on the CPU 'auto' is sdpa (the split-kv kernel needs CUDA)"
+                reasons["decode_attention"] = "on the CPU 'auto' is sdpa (the Triton kernels need CUDA)"
         elif cfg.enforce_eager:
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs (enforce_eager=False)"
         return reasons
@@ -411,8 +413,11 @@ class StaticEngine(RolloutEngine):
 
     def _qkv(self, x, layer: Layer, cos, sin):
         """Projections of x (..., H), rotated: q (..., q_heads, d), k and v (..., kv_heads, d)."""
+        return self._rotary(F.linear(x, layer.qkv, layer.qkv_bias), layer, cos, sin)
+
+    def _rotary(self, qkv, layer: Layer, cos, sin):
+        """The fused projection (..., (q_heads + 2 kv_heads) d) split into heads, q and k rotated."""
         d, heads = self.head_dim, self.q_heads + self.kv_heads
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
         qk, v = qkv.split([heads * d, self.kv_heads * d], dim=-1)
         qk = qk.unflatten(-1, (heads, d))
         if layer.q_norm is not None:
@@ -432,8 +437,8 @@ class StaticEngine(RolloutEngine):
         h = self.embed[self.tokens[:b]]  # (b, H)
         mlp = torch.zeros_like(h)  # a layer's MLP output still to add: the first layer's has none
         for index, layer in enumerate(self.layers):
-            h, mlp = self._layer_step(self, h, mlp, layer, self.cache[index, 0, :b], self.cache[index, 1, :b],
-                                      cos, sin, context)
+            h, mlp = self._layer_step(self, h, mlp, layer, self.attention.layer_cache(self.cache, index, b), cos, sin,
+                                      context)
         if self.fused_sampler and mode == PLAIN:
             # Two light passes over the logits, one uniform a row from a seed the step advances.
             token, logprob = fused_sampling.softmax_sample(self._logits_step(self, h, mlp), self.temperature,
@@ -459,24 +464,20 @@ class StaticEngine(RolloutEngine):
         """The cache stays allocated: captured graphs hold its address (it was sized for that)."""
 
 
-def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache_k, cache_v, cos, sin, context):
-    """One layer of one decode step for b rows; writes K/V at the step's column.
+def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, context):
+    """One layer of one decode step for b rows; writes K/V into its cache (the attention's
+    ``layer_cache``) at the step's column.
 
     h (b, H) is the residual stream before the previous layer's MLP output ``mlp`` (zeros at
     the first layer: one compiled graph serves every layer) is added; returns this layer's
     (h, mlp) the same way. Each residual add is then an epilogue of the RMS norm that
     follows it (one kernel when compiled), where ``addmm`` would first copy the residual
     into its output."""
-    b = h.shape[0]
     h = h + mlp
     x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
-    q, k, v = engine._qkv(x, layer, cos, sin)  # (b, heads, d)
-    cache_k.index_copy_(2, engine.column, k[:, :, None])
-    cache_v.index_copy_(2, engine.column, v[:, :, None])
-    group = engine.q_heads // engine.kv_heads
-    grouped = q.reshape(b, engine.kv_heads, group, engine.head_dim)  # the queries of each KV head as rows
-    attended = engine.attention.attend(grouped, cache_k, cache_v, context)
-    h = h + attended.reshape(b, -1) @ layer.out.T
+    qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (b, (q_heads + 2 kv_heads) d), before RoPE
+    attended = engine.attention.decode(engine, layer, qkv, cache, cos, sin, context)  # (b, q_heads d)
+    h = h + attended @ layer.out.T
     return h, _mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
 
 
