@@ -477,7 +477,9 @@ def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, c
     x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
     qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (b, (q_heads + 2 kv_heads) d), before RoPE
     attended = engine.attention.decode(engine, layer, qkv, cache, cos, sin, context)  # (b, q_heads d)
-    h = h + attended @ layer.out.T
+    # (b, 1, H) through a view: inductor turns add(h, mm) into addmm, which copies h into its
+    # output first (a copy a layer); past the view, the add is the norm kernel's prologue.
+    h = h + (attended[:, None] @ layer.out.T)[:, 0]
     return h, _mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
 
 
