@@ -42,8 +42,8 @@ class Batch:
     def from_generation(cls, prompts: list[list[int]], generation: Generation, *, n: int, pad_id: int,
                         device) -> "Batch":
         """The batch of ``prompts`` (each repeated ``n`` times) and their sampled completions."""
-        prompt_ids, prompt_mask = left_pad(prompts, pad_id, device)
-        return cls(prompt_ids=prompt_ids.repeat_interleave(n, dim=0), prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
+        prompt_ids, prompt_mask = (t.repeat_interleave(n, dim=0) for t in left_pad(prompts, pad_id, device))
+        return cls(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
                    response_ids=generation.response_ids.to(device),
                    response_mask=generation.response_mask.to(device, torch.float32),
                    stopped=generation.stopped.to(device),

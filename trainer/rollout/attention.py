@@ -58,6 +58,8 @@ def triton_runs_on(device: torch.device) -> bool:
 class UnfusedDecode:
     """RoPE and the cache write in the (compiled) layer step, then the attention of ``attend``."""
 
+    needs_triton = False  # whether its kernels are Triton's (CUDA, or the CPU interpreter)
+
     @staticmethod
     def layer_cache(cache, layer: int, b: int):
         """What :meth:`decode` takes of the engine's cache (layers, 2, rows, kv_heads, columns, d):
@@ -101,6 +103,7 @@ class SplitKvDecode(UnfusedDecode):
     """Flash decoding: the columns in use, split across programs, merged by log-sum-exp."""
 
     name = "split-kv"
+    needs_triton = True
 
     @staticmethod
     def prepare(engine, b: int):
@@ -116,6 +119,7 @@ class FusedDecode:
     """split-kv with the layer's RoPE and cache write in its split kernel."""
 
     name = "fused"
+    needs_triton = True
 
     @staticmethod
     def layer_cache(cache, layer: int, b: int):
@@ -138,7 +142,6 @@ class FusedDecode:
 
 
 DECODE_ATTENTION = {impl.name: impl for impl in (SdpaDecode, SplitKvDecode, FusedDecode)}
-NEEDS_TRITON = ("split-kv", "fused")
 
 
 def choose(name: str, device: torch.device):
@@ -147,12 +150,10 @@ def choose(name: str, device: torch.device):
         name = "fused" if device.type == "cuda" and triton is not None else "sdpa"
     if name not in DECODE_ATTENTION:
         raise ValueError(f"decode attention {name!r}: choose one of auto, {', '.join(DECODE_ATTENTION)}")
-    if name in NEEDS_TRITON and not triton_runs_on(device):
+    if DECODE_ATTENTION[name].needs_triton and not triton_runs_on(device):
         why = "Triton is not installed" if triton is None else f"Triton does not run on {device.type} tensors"
         raise ValueError(f"decode attention {name!r}: {why} (on the CPU it runs only under TRITON_INTERPRET=1); "
                          f"use 'sdpa'")
-    if name == "fused":
-        from trainer.rollout import fused_attention  # noqa: F401  (registers its op; it imports this module)
     return DECODE_ATTENTION[name]
 
 
@@ -289,3 +290,8 @@ if triton is not None:
         out = tl.sum(weight[:, None] * part, axis=0)
         dest = out_ptr + ((row * tl.num_programs(1) + head) * group + g) * D + d
         tl.store(dest, out.to(out_ptr.dtype.element_ty))
+
+
+# The fused op's module builds on this one's kernels and helpers (it imports them), so it is
+# imported last, here: importing either module registers both ops.
+from trainer.rollout import fused_attention  # noqa: E402, F401
