@@ -11,7 +11,8 @@ every cell stays distinct:
   a hub name such as ``"gsm8k"`` becomes ``$SWEEPKIT_GSM8K`` when that names an
   existing path, and ``"math"`` becomes ``$SWEEPKIT_MATH`` likewise (never GSM8K),
   else the built-in ``"synthetic"`` task, so smoke runs offline;
-* ``max_steps=2``, generations of at most 16 tokens, prompts of at most 128;
+* ``max_steps=2``, generations of at most 16 tokens, prompts of at most 128, and no
+  ``timing_target`` (two steps settle no sec/step);
 * ``train_batch_size`` and ``policy_mini_batch_size`` divided by one common factor
   (:data:`BATCH_DIVISOR`) with their ratio kept, so ``tbs64`` … ``tbs512`` stay
   distinct and ``train_batch_size % policy_mini_batch_size == 0`` still holds;
@@ -30,10 +31,15 @@ dependencies but no hub access (a benchmark machine, a cluster's GPU node):
   become static cells, their ``enforce_eager`` kept, so the CUDA-graph cell stays a
   lever), ``num_gpus=1`` and ``gpus=1``;
 * batches divided by :data:`GPU_BATCH_DIVISOR` (one GPU's share of a 4-GPU node's
-  batch, ratios kept), :data:`GPU_STEPS` steps, the dataset as the smoke profile maps it,
-  no eval before training, a small final eval, no export;
+  batch, ratios kept), the dataset as the smoke profile maps it, no eval before
+  training, a small final eval, no export;
+* measure until sure: a cell runs until the interval of its steady-state sec/step is
+  within :data:`GPU_TIMING_TARGET` of the mean (``timing_target``: ±2 %, on at least
+  :data:`GPU_TIMING_MIN_STEPS` steps after its warm-up), for at most :data:`GPU_MAX_STEPS`
+  steps: a steady cell ends in a few steps, a noisy one takes the steps its number needs
+  (a cell that ends early logs a ``kind="stop"`` metrics record saying why);
 * ``compile_update=False``: compiling the update's body costs about a minute per row
-  width it meets, most of a cell of a few steps (a real run of hundreds keeps it).
+  width it meets, most of a cell of a few dozen steps (a real run of hundreds keeps it).
 """
 
 from __future__ import annotations
@@ -67,7 +73,9 @@ SMOKE_PROMPT = 128
 SMOKE_EVAL_LIMIT = 8
 SMOKE_EVAL_SAMPLES = 2
 GPU_BATCH_DIVISOR = 4
-GPU_STEPS = 4
+GPU_TIMING_TARGET = 0.02
+GPU_TIMING_MIN_STEPS = 5
+GPU_MAX_STEPS = 30
 GPU_EVAL_LIMIT = 32
 GPU_DEFAULT_SHAPE = "random:qwen2.5-0.5b"
 GPU_TEACHER_SHAPE = "random:qwen2.5-1.5b"  # same tokenizer as the student's shape
@@ -86,7 +94,8 @@ def sweep_register_profiles(register):
     register("smoke", smoke, "shrink every trainer cell to run on a CPU in minutes (tiny model, "
                              "2 steps, short generations, batches / 16)")
     register("gpu", gpu, f"run every trainer cell on one GPU offline (random-init model of the cell's "
-                         f"shape, static engine, batches / {GPU_BATCH_DIVISOR}, {GPU_STEPS} steps)")
+                         f"shape, static engine, batches / {GPU_BATCH_DIVISOR}) until its sec/step is "
+                         f"known to +-{GPU_TIMING_TARGET:.0%} (at most {GPU_MAX_STEPS} steps)")
 
 
 def smoke_dataset(dataset: str) -> str:
@@ -127,7 +136,9 @@ def gpu(config: dict, target_name: str) -> dict:
         "backend": "static",
         "num_gpus": 1,
         "gpus": 1,
-        "max_steps": GPU_STEPS,
+        "max_steps": GPU_MAX_STEPS,
+        "timing_target": GPU_TIMING_TARGET,
+        "timing_min_steps": GPU_TIMING_MIN_STEPS,
         "eval_before_train": False,
         "eval_limit": min(config.get("eval_limit") or GPU_EVAL_LIMIT, GPU_EVAL_LIMIT),
         "export_final": False,
@@ -168,6 +179,9 @@ def smoke(config: dict, target_name: str) -> dict:
         changes["teacher_model"] = "tiny-random"
     if config.get("ckpt_interval", 0) > SMOKE_STEPS:
         changes["ckpt_interval"] = SMOKE_STEPS
+    if config.get("timing_target") is not None:
+        # Two steps settle no sec/step; the run is a smoke test of the cell, not a measurement.
+        changes["timing_target"] = None
     if dataset == "synthetic":
         # Enough prompts for every step of the largest smoke batch, and no more.
         changes["synthetic_size"] = max(64, changes["train_batch_size"] * SMOKE_STEPS)

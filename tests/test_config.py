@@ -31,6 +31,10 @@ def test_every_error_is_reported_with_its_key():
         ("gpu_memory_utilization", 1.5, "gpu_memory_utilization: must be in (0, 1]"),
         ("lr", float("nan"), "lr: expected float"),
         ("eps_clip_low", 1.0, "eps_clip_low: must be in [0, 1)"),
+        ("timing_target", 0, "timing_target: must be in (0, 1), got 0.0"),
+        ("timing_target", 1.5, "timing_target: must be in (0, 1), got 1.5"),
+        ("timing_level", 1, "timing_level: must be in (0, 1), got 1.0"),
+        ("timing_min_steps", 1, "timing_min_steps: must be >= 2, got 1"),
     ],
 )
 def test_bad_values_name_the_key(key, value, words):
@@ -42,6 +46,16 @@ def test_bad_values_name_the_key(key, value, words):
 def test_mini_batch_must_divide_train_batch():
     with pytest.raises(ConfigError, match="train_batch_size: 48 is not a multiple of policy_mini_batch_size=32"):
         TrainerConfig.from_dict({"train_batch_size": 48, "policy_mini_batch_size": 32})
+
+
+def test_timing_min_steps_above_max_steps_is_refused_only_where_the_rule_is_on():
+    with pytest.raises(ConfigError, match=r"timing_min_steps: 12 is above max_steps=10: the run would end before "
+                                          r"the rule could stop it"):
+        TrainerConfig.from_dict({"timing_target": 0.02, "timing_min_steps": 12, "max_steps": 10})
+    assert TrainerConfig.from_dict({"timing_min_steps": 12, "max_steps": 10}).timing_target is None
+    assert TrainerConfig.from_dict({"timing_target": 0.02, "timing_min_steps": 12}).max_steps is None
+    cfg = TrainerConfig.from_dict({"timing_target": 0.02, "timing_min_steps": 10, "max_steps": 10})
+    assert (cfg.timing_target, cfg.timing_level, cfg.timing_min_steps) == (0.02, 0.95, 10)
 
 
 def test_ints_widen_to_floats_and_optional_accepts_null():

@@ -55,6 +55,13 @@ def _below_one(instance, attribute, value):
         raise ConfigError(f"{attribute.name}: must be in [0, 1), got {value!r}")
 
 
+def _open_fraction(instance, attribute, value):
+    if value is None:
+        return
+    if not 0.0 < value < 1.0:
+        raise ConfigError(f"{attribute.name}: must be in (0, 1), got {value!r}")
+
+
 def _fraction(instance, attribute, value):
     if not 0.0 < value <= 1.0:
         raise ConfigError(f"{attribute.name}: must be in (0, 1], got {value!r}")
@@ -124,6 +131,18 @@ class TrainerConfig:
     epochs: int = attrs.field(default=1, validator=_positive, metadata=_doc("passes over the train split"))
     max_steps: Optional[int] = attrs.field(default=None, validator=_positive, metadata=_doc(
         "stop after this many steps (None: run all epochs)"))
+
+    # -- measure until sure: a timing run stops itself (trainer.timing) -----------------------
+    timing_target: Optional[float] = attrs.field(default=None, validator=_open_fraction, metadata=_doc(
+        "measure until sure: end the run, complete (its final eval and checkpoint, a kind='stop' "
+        "metrics record saying why), once the timing_level interval of its steady-state sec/step "
+        "(the steps after the warm-up their times show; a resumed run counts its earlier steps) is "
+        "within this fraction of the mean: 0.02 stops at +-2 %; max_steps stays the cap (None: off)"))
+    timing_level: float = attrs.field(default=0.95, validator=_open_fraction, metadata=_doc(
+        "confidence level of timing_target's sec/step interval"))
+    timing_min_steps: int = attrs.field(default=5, validator=_at_least(2), metadata=_doc(
+        "timed steps (after warm-up) the sec/step must rest on before timing_target may end the "
+        "run: a few alike steps can give a narrow interval by chance"))
 
     # -- algorithm -------------------------------------------------------------------
     advantage_estimator: str = attrs.field(default="grpo", validator=_choice(ADVANTAGE_ESTIMATORS),
@@ -255,6 +274,10 @@ class TrainerConfig:
             raise ConfigError(
                 f"n_samples_per_prompt: GRPO needs at least 2 samples per prompt, got "
                 f"{self.n_samples_per_prompt}")
+        if self.timing_target is not None and self.max_steps is not None and self.timing_min_steps > self.max_steps:
+            raise ConfigError(
+                f"timing_min_steps: {self.timing_min_steps} is above max_steps={self.max_steps}: the run would "
+                f"end before the rule could stop it")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "TrainerConfig":

@@ -37,6 +37,9 @@ Precision: fp32 master weights and optimizer state; bf16 compute under autocast
 on CUDA (``trainer.precision`` says why). The rollout engine keeps its own bf16
 copy, refreshed in place by the sync stage.
 
+A timing run (``timing_target``) ends itself once its steady-state sec/step is known
+that precisely (``trainer.timing``): that step is its last, evaluated and checkpointed.
+
 How it differs from the papers and SkyRL
 ----------------------------------------
 * Log-probs and entropies are those of the sampling distribution: logits are
@@ -91,6 +94,7 @@ from trainer.precision import MASTER_DTYPE, Precision
 from trainer.rollout import SamplingParams, engine_class, make_engine
 from trainer.stopping import StopRequest, Stopped
 from trainer.tasks import load_task
+from trainer.timing import TimingRule, Verdict
 from trainer.update import update_policy
 
 EVAL_SEED_OFFSET = 1_000_003  # keeps eval samples apart from the training step's samples
@@ -229,12 +233,32 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
             save(step)
         raise Stopped(signum, step, checkpointed=saved_step is not None)
 
+    # Measure until sure (timing_target): rank 0's step times are the ones logged, so its
+    # verdict is every rank's; they must stop at the same step, or the collectives would hang.
+    timing = TimingRule.for_run(cfg, logger.history) if cfg.timing_target is not None else None
+
+    def timing_stop() -> Verdict | None:
+        """The verdict that ends the run now (at ``step``), or None."""
+        if timing is None:
+            return None
+        verdict = group.gather_objects(timing.verdict() if group.is_main else None)[0]
+        return verdict if verdict.stop else None
+
+    def end_by_rule(verdict: Verdict) -> None:
+        logger.log("stop", step, verdict.record())
+        print(f"sweep-train: {verdict.reason}; the run is complete at step {step}", file=stderr, flush=True)
+
+    # A resumed run may have measured enough already: it is complete as it stands.
+    precise = timing_stop() if step > 0 else None
+    if precise is not None:
+        end_by_rule(precise)
+
     with ExitStack() as closing:  # the logger and progress bar close however the loop ends
         closing.callback(logger.close)
         if progress is not None:
             closing.callback(progress.close)
         stop = closing.enter_context(StopRequest(stderr))
-        while step < total_steps:
+        while step < total_steps and precise is None:
             # Every stop decision is the ranks' common one: they must stop at the same step.
             if (signum := group.agree(stop.signum)) is not None:
                 stop_now(signum)
@@ -319,19 +343,27 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
                 last["rollout/engine_logprob_mean"] = engine_sum / max(engine_tokens, 1.0)
             logger.log("train", step, last)
             del batch, generation
-            if group.agree(stop.signum) is None and (
-                    (cfg.eval_interval and step % cfg.eval_interval == 0) or step == total_steps):
+            if timing is not None:
+                timing.add(times["timing/step"])
+            precise = timing_stop()
+            final = step == total_steps or precise is not None  # the eval and checkpoint of a last step
+            if group.agree(stop.signum) is None and ((cfg.eval_interval and step % cfg.eval_interval == 0) or final):
                 run_eval(step)
-            if (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or step == total_steps:
+            if (cfg.ckpt_interval and step % cfg.ckpt_interval == 0) or final:
                 save(step)
+            if precise is not None:
+                end_by_rule(precise)
             if progress is not None:
                 progress.update(step, last)
-            if (signum := group.agree(stop.signum)) is not None and step < total_steps:
+            if (signum := group.agree(stop.signum)) is not None and not final:
                 stop_now(signum)
-        # The last step has run and is checkpointed: a stop asked for during it or since has
-        # nothing left to stop (the step's eval was skipped if the stop came first), and the
-        # run ends complete, exported. The handlers stay for the export: a signal during it
-        # is the same request.
+        # The last step (max_steps', or the one timing_target ended the run at) has run and is
+        # checkpointed: a stop asked for during it or since has nothing left to stop (the step's
+        # eval was skipped if the stop came first), and the run ends complete, exported. The
+        # handlers stay for the export: a signal during it is the same request.
+        if timing is not None and precise is None and group.is_main:
+            print(f"sweep-train: timing_target not reached by the last step: {timing.verdict().reason}",
+                  file=stderr, flush=True)
         if cfg.export_final and group.is_main:
             checkpoint.export(ckpt_dir, model, tokenizer, dtype=precision.compute)
         if stop.signum is not None:

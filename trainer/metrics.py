@@ -35,7 +35,9 @@ class MetricsLogger:
         self.path = Path(path)
         self.stdout = stdout  # None: whatever sys.stdout is at write time (rich's bar wraps it)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _keep_history_up_to(self.path, resume_step)
+        # What earlier processes of this run logged and the resume kept (a timing run goes on
+        # measuring from their step times); empty for a fresh run.
+        self.history: tuple[dict[str, Any], ...] = _keep_history_up_to(self.path, resume_step)
         self.file = open(self.path, "a")
 
     def log(self, kind: str, step: int, metrics: dict[str, Any]) -> None:
@@ -60,6 +62,8 @@ class MetricsLogger:
 class SilentLogger:
     """The logger of every rank but rank 0 of a run of several: rank 0 writes the run's metrics."""
 
+    history: tuple[dict[str, Any], ...] = ()
+
     def log(self, kind: str, step: int, metrics: dict[str, Any]) -> None:
         pass
 
@@ -83,9 +87,10 @@ def _plain(value):
     return value
 
 
-def _keep_history_up_to(path: Path, step: int) -> None:
+def _keep_history_up_to(path: Path, step: int) -> tuple[dict[str, Any], ...]:
+    """Cut the file back to the records up to ``step`` (and every ``info``); returns them."""
     if not path.exists():
-        return
+        return ()
     kept = []
     if step > 0:
         for line in path.read_text().splitlines():
@@ -94,10 +99,11 @@ def _keep_history_up_to(path: Path, step: int) -> None:
             except json.JSONDecodeError:
                 continue  # a line cut short by the kill that ended the previous run
             if record.get("kind") == "info" or record.get("step", math.inf) <= step:
-                kept.append(line)
+                kept.append((line, record))
     temp = path.with_name(f".tmp-{path.name}")
-    temp.write_text("".join(line + "\n" for line in kept))
+    temp.write_text("".join(line + "\n" for line, _ in kept))
     os.replace(temp, path)
+    return tuple(record for _, record in kept)
 
 
 class ProgressBar:
