@@ -89,6 +89,8 @@ SKYRL_PATHS = {
     "max_generate_length": "generator.sampling_params.max_generate_length",
     "temperature": "generator.sampling_params.temperature",
     "env_class": "environment.env_class",
+    # The key sk.command's seed_key names: a grid's seeds= sets it on each repeat of a cell.
+    "seed": "trainer.seed",
 }
 #: Flat names of the built-in trainer that SkyRL has no setting for, and why.
 NO_SKYRL_SETTING = {

@@ -61,11 +61,16 @@ class Target:
     ``{"type", "type_name", "default", "doc"}`` and, for a key whose value may be a
     filesystem path, ``"path": True`` (collection takes such a value, when relative, from the
     project root: :func:`sweepkit.resolve.resolve_path`); ``None`` accepts any key.
+    ``seed_key`` is the config key that holds the run's seed: the key a grid's ``seeds=``
+    sets on each repeat of a cell, and the one key in which the cells of a group differ
+    (:attr:`Cell.group`); ``None`` for a target whose cells cannot repeat over seeds.
     """
 
     name: str
     argv: tuple[str, ...] = attrs.field(converter=_tuple)
     schema: Mapping[str, dict] | None = attrs.field(default=None, hash=False, eq=False)
+    seed_key: str | None = attrs.field(default="seed", validator=attrs.validators.optional(
+        attrs.validators.instance_of(str)))
     # Where the grid that uses the target lives; not part of the identity of a target (nor
     # of a cell's config hash): a project moved elsewhere runs the same cells.
     places: Mapping[str, str] = attrs.field(factory=dict, converter=_dict, hash=False, eq=False)
@@ -106,7 +111,10 @@ class Cell:
     wrote it, before ``profile`` rewrote it (None without a profile). ``index`` is the
     cell's place in its grid, base first, as ``sweep list`` shows them: ``cell.json``
     records it, so that ``sweep report`` lists a grid's cells in that order from disk alone
-    (the values of one axis or product share a line of the file).
+    (the values of one axis or product share a line of the file). ``group`` is the id of
+    the first cell of the grid whose config equals this one's in every key but the target's
+    ``seed_key`` (the repeats of a cell over seeds, however declared, share it; a cell
+    alone is its own group): the report makes one row of a group.
     """
 
     grid: str
@@ -128,6 +136,7 @@ class Cell:
         factory=dict, converter=_dict, hash=False, eq=False)
     unprofiled: "Cell | None" = attrs.field(default=None, hash=False, eq=False, repr=False)
     index: int | None = attrs.field(default=None, hash=False, eq=False)
+    group: str = attrs.field(default=attrs.Factory(lambda cell: cell.name, takes_self=True), hash=False, eq=False)
 
     @property
     def nodeid(self) -> str:
@@ -170,7 +179,7 @@ class Cell:
             "grid_name": self.grid_name,
             "name": self.name,
             "target": {"name": self.target.name, "argv": list(self.target.argv),
-                       "places": dict(self.target.places)},
+                       "places": dict(self.target.places), "seed_key": self.target.seed_key},
             "config": dict(self.config),
             "target_config": self.target_config(),
             "launch": self.launch(),
@@ -179,6 +188,7 @@ class Cell:
                       for m in self.marks],
             "location": list(self.location),
             "index": self.index,
+            "group": self.group,
             "profile": self.profile,
             "profile_changes": {k: list(v) for k, v in self.profile_changes.items()},
             "config_hash": self.config_hash(),

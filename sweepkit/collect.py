@@ -21,7 +21,8 @@ import attrs
 from sweepkit import plugin
 from sweepkit.cell import Cell, Mark, Target
 from sweepkit.errors import UsageError, did_you_mean, display_path
-from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, ProductDecl, mark_problem
+from sweepkit.grid import (AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, ProductDecl, mark_problem,
+                           seeds_as_written)
 from sweepkit.hookspec import hookimpl
 from sweepkit.ids import format_value
 from sweepkit.resolve import GridSpec, Start, build_cells
@@ -244,6 +245,11 @@ def _grid_spec(module, path: Path, session) -> GridSpec:
         problems.append(GridError((str(path), lines.get("marks", 0)),
                                   f"marks: expected a list of sk.mark.<name>, got {module.marks!r}"))
         module_marks = ()
+    # A module-level ``seeds = N`` repeats every cell; a declaration of that name (an axis
+    # over the seed key called ``seeds``) is a declaration, not the option.
+    module_seeds = module.__dict__.get("seeds")
+    if isinstance(module_seeds, (BaseDecl, CellDecl, AxisDecl, ProductDecl)):
+        module_seeds = None
     target_value = module.__dict__.get("target", DEFAULT_TARGET)
     try:
         target = _target(target_value, (str(path), lines.get("target", 0)), session)
@@ -268,6 +274,7 @@ def _grid_spec(module, path: Path, session) -> GridSpec:
         grid=display, grid_name=path.stem,
         target=target.placed(grid_dir=path.parent, root=session.rootdir),
         module_marks=module_marks, base=base, base_start=base_start,
+        module_seeds=seeds_as_written(module_seeds), module_seeds_location=(str(path), lines.get("seeds", 0)),
         declarations=tuple((n, d) for n, d in own if not isinstance(d, BaseDecl)),
         problems=tuple(problems))
 

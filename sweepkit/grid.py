@@ -3,6 +3,12 @@
 
 These calls only record what the file declares, with the file and line of each
 call; :mod:`sweepkit.collect` turns the recorded declarations into cells.
+
+``seeds=`` (on every declaration, and as a module-level ``seeds = N``) repeats cells over
+seeds: an int N (the cell's own seed and the N-1 after it) or a list of distinct ints.
+It is recorded as written and checked with the rest of the file
+(:func:`seeds_problem`), so that one bad value does not hide the file's other mistakes;
+:mod:`sweepkit.resolve` expands it.
 """
 
 from __future__ import annotations
@@ -80,12 +86,44 @@ class MarkGenerator:
 mark = MarkGenerator()
 
 
+def seeds_as_written(value):
+    """``seeds=`` as recorded: a list becomes a tuple (declarations are frozen); anything
+    else is kept as written, for :func:`seeds_problem` to name."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def is_int_seed(value) -> bool:
+    """An int that can be a seed (a bool is no seed, although Python counts it an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def seeds_problem(value) -> str | None:
+    """Why ``value`` is no ``seeds=``: it must be an int of at least 1 (that many seeds) or
+    a non-empty list of distinct ints (exactly those seeds)."""
+    if is_int_seed(value):
+        return None if value >= 1 else f"seeds: must be at least 1, got {value}"
+    if isinstance(value, tuple):
+        if not value:
+            return "seeds: an empty list; give at least one seed, or leave seeds= out"
+        bad = [v for v in value if not is_int_seed(v)]
+        if bad:
+            return f"seeds: {bad[0]!r} ({type(bad[0]).__name__}) in {list(value)!r} is not an int seed"
+        repeated = sorted({v for v in value if value.count(v) > 1})
+        if repeated:
+            return (f"seeds: {', '.join(map(str, repeated))} repeated in {list(value)!r}; "
+                    "each seed must appear once (a repeated seed would run the same thing twice)")
+        return None
+    return (f"seeds: expected a number of seeds (an int of at least 1) or a list of distinct int "
+            f"seeds, got {value!r} ({type(value).__name__})")
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class BaseDecl:
     values: Mapping[str, Any]
     from_cell: str | None
     marks: tuple[Mark, ...]
     location: tuple[str, int]
+    seeds: Any = None  # also every other cell's, unless the cell gives its own
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -94,6 +132,7 @@ class CellDecl:
     on: Any
     marks: tuple[Mark, ...]
     location: tuple[str, int]
+    seeds: Any = None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -102,6 +141,7 @@ class Param:
     id: str | None
     marks: tuple[Mark, ...]
     location: tuple[str, int]
+    seeds: Any = None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -115,6 +155,7 @@ class AxisDecl:
     on: Any
     marks: tuple[Mark, ...]
     location: tuple[str, int]
+    seeds: Any = None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -125,34 +166,39 @@ class ProductDecl:
     on: Any
     marks: tuple[Mark, ...]
     location: tuple[str, int]
+    seeds: Any = None
 
 
-def base(*, from_cell: str | None = None, marks=(), **values) -> BaseDecl:
+def base(*, from_cell: str | None = None, marks=(), seeds=None, **values) -> BaseDecl:
     """The canary cell, id ``base``; every other cell is a difference from it.
 
     ``from_cell="other_grid.py::cell"`` starts from a cell of another grid (the path
-    is relative to this grid's directory); ``values`` then override it.
+    is relative to this grid's directory); ``values`` then override it. ``seeds=`` repeats
+    the base and every cell of the grid that gives no ``seeds=`` of its own.
     """
     location = caller_location()
     if from_cell is not None and "::" not in str(from_cell):
         raise GridError(location, f"from_cell: expected 'grid.py::cell', got {from_cell!r}")
     return BaseDecl(values=values, from_cell=from_cell, marks=_marks(marks, location),
-                    location=location)
+                    location=location, seeds=seeds_as_written(seeds))
 
 
-def cell(*, on=None, marks=(), **values) -> CellDecl:
+def cell(*, on=None, marks=(), seeds=None, **values) -> CellDecl:
     """A named cell (its id is the variable it is assigned to): base + ``values``.
 
-    ``on=other_cell`` starts from another cell of this grid instead of the base.
+    ``on=other_cell`` starts from another cell of this grid instead of the base (its
+    ``seeds=`` is not taken along). ``seeds=3`` adds ``<id>-seed<s+1>``, ``<id>-seed<s+2>``.
     """
     location = caller_location()
-    return CellDecl(values=values, on=on, marks=_marks(marks, location), location=location)
+    return CellDecl(values=values, on=on, marks=_marks(marks, location), location=location,
+                    seeds=seeds_as_written(seeds))
 
 
-def param(value, *, id: str | None = None, marks=()) -> Param:
-    """One value of an axis with its own id or marks (pytest's ``pytest.param``)."""
+def param(value, *, id: str | None = None, marks=(), seeds=None) -> Param:
+    """One value of an axis with its own id, marks or seeds (pytest's ``pytest.param``)."""
     location = caller_location()
-    return Param(value=value, id=id, marks=_marks(marks, location), location=location)
+    return Param(value=value, id=id, marks=_marks(marks, location), location=location,
+                 seeds=seeds_as_written(seeds))
 
 
 def _split_keys(keys: str | Sequence[str], location) -> tuple[str, ...]:
@@ -164,12 +210,13 @@ def _split_keys(keys: str | Sequence[str], location) -> tuple[str, ...]:
 
 
 def axis(keys: str | Sequence[str], values: Sequence, *, id: str | None = None,
-         ids: Sequence[str] | None = None, on=None, marks=()) -> AxisDecl:
+         ids: Sequence[str] | None = None, on=None, marks=(), seeds=None) -> AxisDecl:
     """One cell per value, each changing only ``keys`` off the base (or off ``on``).
 
     ``keys`` is one key or several tied together (``"num_inference_engines, inference_tp"``
     with tuple values). Ids come from ``sk.param(id=...)``, else ``ids``, else the
     ``id`` template (``"tbs{train_batch_size}"``), else the variable name and the values.
+    ``seeds=`` repeats each of its cells (an ``sk.param``'s own ``seeds=`` wins).
     """
     location = caller_location()
     names = _split_keys(keys, location)
@@ -187,11 +234,12 @@ def axis(keys: str | Sequence[str], values: Sequence, *, id: str | None = None,
             raise GridError(location, f"axis over {', '.join(names)}: {len(ids)} ids "
                                       f"for {len(params)} values")
     return AxisDecl(keys=names, params=params, id_template=id, ids=ids, on=on,
-                    marks=_marks(marks, location), location=location)
+                    marks=_marks(marks, location), location=location, seeds=seeds_as_written(seeds))
 
 
-def product(*, id: str | None = None, on=None, marks=(), **axes: Sequence) -> ProductDecl:
-    """The full cartesian product of the given keys' values; only where a file asks for it."""
+def product(*, id: str | None = None, on=None, marks=(), seeds=None, **axes: Sequence) -> ProductDecl:
+    """The full cartesian product of the given keys' values; only where a file asks for it.
+    ``seeds=`` repeats each of its cells."""
     location = caller_location()
     if not axes:
         raise GridError(location, "product: give at least one key=[values]")
@@ -199,17 +247,21 @@ def product(*, id: str | None = None, on=None, marks=(), **axes: Sequence) -> Pr
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise GridError(location, f"product: {key} needs a non-empty list of values")
     return ProductDecl(keys=tuple(axes), values=tuple(tuple(v) for v in axes.values()),
-                       id_template=id, on=on, marks=_marks(marks, location), location=location)
+                       id_template=id, on=on, marks=_marks(marks, location), location=location,
+                       seeds=seeds_as_written(seeds))
 
 
-def command(*argv: str, schema: Mapping[str, dict] | None = None) -> Target:
+def command(*argv: str, schema: Mapping[str, dict] | None = None, seed_key: str | None = "seed") -> Target:
     """A target that runs any command: ``sk.command("{python}", "{root}/train.py", "{config}")``.
 
     The process runs in its cell dir: name the project's files through ``{root}`` or
     ``{grid_dir}`` (:class:`sweepkit.cell.Target` lists the placeholders). Without a
     schema, keys are free; a key's type is then checked against the base value's. A schema
     entry with ``"path": True`` marks a key whose relative value is taken from the project root.
+    ``seed_key`` is the config key ``seeds=`` sets on repeats (None: cells cannot repeat).
     """
     if not argv or not all(isinstance(a, str) for a in argv):
         raise GridError(caller_location(), f"command: expected strings, got {argv!r}")
-    return Target(name="command", argv=argv, schema=schema)
+    if seed_key is not None and (not isinstance(seed_key, str) or not seed_key):
+        raise GridError(caller_location(), f"command: seed_key: expected a key name or None, got {seed_key!r}")
+    return Target(name="command", argv=argv, schema=schema, seed_key=seed_key)

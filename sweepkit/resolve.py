@@ -8,6 +8,12 @@ is wasted compute. Every mistake of a file is gathered before any is reported.
 A cell's process runs in its cell dir, so a relative path in its config would be taken
 from there; the values of the keys its target's schema marks ``"path": True`` are taken
 from the project root instead (:func:`resolve_path` states the rule).
+
+``seeds=`` repeats a cell over seeds (:func:`_repeats`): the first seed keeps the cell's id
+(and, when it is the cell's own seed, its config, so adding ``seeds=`` to a grid keeps its
+earlier results valid); each further seed ``v`` is a cell ``<id>-seed<v>``. The cell's own
+``sk.param``/declaration ``seeds=`` wins over the grid's (``sk.base(seeds=)`` or a
+module-level ``seeds =``). Every cell then gets its group (:func:`_groups`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import attrs
 from sweepkit import ids
 from sweepkit.cell import Cell, Mark, Target, canonical_config
 from sweepkit.errors import did_you_mean
-from sweepkit.grid import AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, Param, ProductDecl
+from sweepkit.grid import (AxisDecl, BaseDecl, CellDecl, GridError, GridErrors, Param, ProductDecl, is_int_seed,
+                           seeds_problem)
 
 Location = tuple[str, int]
 
@@ -56,6 +63,16 @@ class GridSpec:
     # Mistakes found in the module-level names (target, marks, a second base): the cells
     # are still built, to find their own mistakes too, and none is returned.
     problems: tuple[GridError, ...] = ()
+    module_seeds: Any = None   # a module-level ``seeds = ...``, as written
+    module_seeds_location: Location | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Seeds:
+    """The ``seeds=`` that applies to a cell, as written, and where it was written."""
+
+    value: Any
+    location: Location
 
 
 @attrs.frozen(kw_only=True)
@@ -65,6 +82,14 @@ class Draft:
     marks: tuple[Mark, ...]
     location: Location
     keywords: frozenset[str]
+    seeds: Seeds | None = None
+    # How seeds= made or changed this cell, for the messages that name it; None for a cell
+    # the grid declares as it is.
+    origin: str | None = None
+
+
+def _first_given(*choices: tuple[Any, Location]) -> Seeds | None:
+    return next((Seeds(value=value, location=where) for value, where in choices if value is not None), None)
 
 
 def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
@@ -79,8 +104,15 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
     # location and the place of each of its keys): resolve each once.
     display = functools.cache(display)
     problems = list(spec.problems)
+    if spec.base.seeds is not None and spec.module_seeds is not None:
+        where = f"{display(spec.base.location[0])}:{spec.base.location[1]}"
+        problems.append(GridError(spec.module_seeds_location, f"seeds: the grid's seeds are given twice, here "
+                                                              f"and on sk.base ({where}); give them once"))
+    # sk.base(seeds=) is the grid's, as a module-level ``seeds =`` is.
+    grid_seeds = (spec.base.seeds, spec.base.location), (spec.module_seeds, spec.module_seeds_location)
     drafts = [Draft(name="base", start=spec.base_start, marks=spec.module_marks + spec.base.marks,
-                    location=spec.base.location, keywords=frozenset({"base"}))]
+                    location=spec.base.location, keywords=frozenset({"base"}),
+                    seeds=_first_given(*grid_seeds))]
     cell_names = {decl: name for name, decl in spec.declarations if isinstance(decl, CellDecl)}
     resolved: dict[int, Start] = {}
 
@@ -112,28 +144,41 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
             if isinstance(decl, CellDecl):
                 drafts.append(Draft(name=name, start=cell_start(decl),
                                     marks=spec.module_marks + decl.marks, location=decl.location,
-                                    keywords=frozenset({name})))
+                                    keywords=frozenset({name}),
+                                    seeds=_first_given((decl.seeds, decl.location), *grid_seeds)))
             elif isinstance(decl, (AxisDecl, ProductDecl)):
                 drafts.extend(_axis_drafts(name, decl, start_of(decl.on, decl.location),
-                                           spec.module_marks, make_id, spec.target, launch_keys))
+                                           spec.module_marks, make_id, spec.target, launch_keys, grid_seeds))
         except GridError as error:
             problems.append(error)
 
+    repeated = []
+    for draft in drafts:
+        try:
+            repeated += _repeats(draft, spec.target, display)
+        except GridError as error:
+            problems.append(error)
+            repeated.append(draft)
+    drafts = repeated
     problems += _id_problems(drafts, display)
     problems += _duplicate_configs(drafts, display)
+    groups = _groups(drafts, spec.target.seed_key)
     base_config = spec.base_start.config
     schema = spec.target.schema or {}
     root = spec.target.places.get("root")
     cells = []
     for index, d in enumerate(drafts):
         resolved = resolve_paths(d.start.config, schema, root) if root is not None else {}
+        diff = config_diff(base_config, d.start.config, schema)
+        if d.origin is not None and spec.target.seed_key in diff:  # the cell's own change first, then its seed
+            diff[spec.target.seed_key] = diff.pop(spec.target.seed_key)
         cells.append(Cell(
             grid=spec.grid, grid_name=spec.grid_name, name=d.name,
             config={**d.start.config, **{key: absolute for key, (_, absolute) in resolved.items()}},
-            target=spec.target, diff=config_diff(base_config, d.start.config, schema),
+            target=spec.target, diff=diff,
             marks=d.marks, location=(display(d.location[0]), d.location[1]),
             keywords=d.keywords | {spec.grid_name} | {m.name for m in d.marks},
-            launch_keys=launch_keys, resolved_paths=resolved, index=index,
+            launch_keys=launch_keys, resolved_paths=resolved, index=index, group=groups[index],
             key_locations={k: (display(f), line) for k, (f, line) in d.start.locations.items()}))
     if problems:
         # With the cells that could be built, so that their key errors come in the same round.
@@ -170,7 +215,7 @@ def resolve_paths(config: Mapping[str, Any], schema: Mapping[str, dict], root) -
 
 
 def _axis_drafts(name: str, decl, start: Start, module_marks, make_id, target: Target,
-                 launch_keys: Mapping[str, Any]) -> list[Draft]:
+                 launch_keys: Mapping[str, Any], grid_seeds=()) -> list[Draft]:
     missing = [k for k in decl.keys if k not in start.config]
     where = "the cell it is on" if decl.on is not None else "the base"
     known = None if target.schema is None else [*target.schema, *launch_keys]
@@ -201,15 +246,73 @@ def _axis_drafts(name: str, decl, start: Start, module_marks, make_id, target: T
         if cell_id is None:
             cell_id = make_id(name, decl.keys, values)
         marks = module_marks + decl.marks + param.marks
+        seeds = _first_given((param.seeds, param.location), (decl.seeds, decl.location), *grid_seeds)
         drafts.append(Draft(name=cell_id, start=start.updated(point, param.location), marks=marks,
-                            location=param.location, keywords=frozenset({cell_id, name})))
+                            location=param.location, keywords=frozenset({cell_id, name}), seeds=seeds))
     return drafts
+
+
+_MISSING = object()
+
+
+def _repeats(draft: Draft, target: Target, display) -> list[Draft]:
+    """The draft, then one draft per further seed of its ``seeds=``; GridError at the line
+    that wrote ``seeds=`` when it cannot be expanded."""
+    if draft.seeds is None or ids.id_problem(draft.name):  # a bad id is reported on its own
+        return [draft]
+    value, location = draft.seeds.value, draft.seeds.location
+    problem = seeds_problem(value)
+    if problem:
+        raise GridError(location, problem)
+    if value == 1:
+        return [draft]
+    written = f"seeds={list(value) if isinstance(value, tuple) else value}"
+    key = target.seed_key
+    if key is None:
+        raise GridError(location, f"{written}: target {target.name!r} has no seed key (its seed_key is None), "
+                                  "so its cells cannot repeat over seeds")
+    own = draft.start.config.get(key, (target.schema or {}).get(key, {}).get("default", _MISSING))
+    if isinstance(value, int):
+        if own is _MISSING or own is None:
+            raise GridError(location, f"{written} counts up from the cell's own {key!r}, which neither the cell "
+                                      f"sets nor target {target.name!r} gives a default for; set {key}=... in "
+                                      f"sk.base, or list the seeds: seeds=[1, 2, 3]")
+        if not is_int_seed(own):
+            raise GridError(location, f"{written} counts up from the cell's own {key!r}, which is {own!r} "
+                                      f"({type(own).__name__}), not an int")
+        values = [own + step for step in range(value)]
+    else:
+        values = list(value)
+    where = f"{written} at {display(location[0])}:{location[1]}"
+    first = draft
+    if not (is_int_seed(own) and own == values[0]):
+        first = attrs.evolve(draft, start=draft.start.updated({key: values[0]}, location),
+                             origin=f"{key}={values[0]} from {where}")
+    repeats = [attrs.evolve(draft, name=f"{draft.name}-seed{seed}", start=draft.start.updated({key: seed}, location),
+                            keywords=draft.keywords | {f"{draft.name}-seed{seed}"},
+                            origin=f"a repeat of {draft.name!r}: {key}={seed} from {where}")
+               for seed in values[1:]]
+    return [first, *repeats]
+
+
+def _groups(drafts: list[Draft], seed_key: str | None) -> list[str]:
+    """Each draft's group: the first draft, in grid order, whose config equals its config in
+    every key but ``seed_key`` (without a seed key, each draft is its own)."""
+    first: dict[str, str] = {}
+    out = []
+    for draft in drafts:
+        if seed_key is None:
+            out.append(draft.name)
+            continue
+        rest = canonical_config({k: v for k, v in draft.start.config.items() if k != seed_key})
+        out.append(first.setdefault(rest, draft.name))
+    return out
 
 
 def _points(decl) -> list[tuple[Param, tuple]]:
     if isinstance(decl, AxisDecl):
         return [(p, tuple(p.value) if len(decl.keys) > 1 else (p.value,)) for p in decl.params]
-    plain = Param(value=None, id=None, marks=(), location=decl.location)
+    plain = Param(value=None, id=None, marks=(), location=decl.location)  # the product's seeds= applies
     return [(plain, combo) for combo in itertools.product(*decl.values)]
 
 
@@ -238,10 +341,12 @@ def _duplicate_configs(drafts: list[Draft], display) -> list[GridError]:
         key = canonical_config(draft.start.config)
         if key in seen:
             first = seen[key]
-            problems.append(GridError(draft.location,
-                                      f"cell {draft.name!r} has the same config as cell {first.name!r} "
-                                      f"({display(first.location[0])}:{first.location[1]}); "
-                                      "a duplicate cell would run the same thing twice"))
+            this = f"cell {draft.name!r}" + (f" ({draft.origin})" if draft.origin else "")
+            where = f"{display(first.location[0])}:{first.location[1]}"
+            that = f"cell {first.name!r} ({where}" + (f"; {first.origin})" if first.origin else ")")
+            hint = "; give seeds= values that no other cell of the grid has" if draft.origin or first.origin else ""
+            problems.append(GridError(draft.location, f"{this} has the same config as {that}; "
+                                                      f"a duplicate cell would run the same thing twice{hint}"))
             continue
         seen[key] = draft
     return problems
