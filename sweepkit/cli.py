@@ -134,7 +134,11 @@ def build_parser(registry=None, parser_class=_Parser):
     report.add_argument("--table", metavar="TABLE",
                         help="print only this table (an unknown one lists the registered tables; csv "
                              "needs one: a CSV file holds one table)")
-    suggest = command("suggest", "the winner of each one-factor axis, and a combo cell joining them, as grid code")
+    level_help = ("the intervals' confidence level, in (0, 1) (default: 0.95); Δ vs base holds at that level for "
+                  "all of a grid's comparisons at once")
+    report.add_argument("--level", default="0.95", metavar="LEVEL", help=level_help)
+    suggest = command("suggest", "the winner of each one-factor axis beyond the noise, and a combo cell joining "
+                                 "them, as grid code")
     suggest.add_argument("paths", nargs="*", metavar="PATH", help="the grid file (one)")
     suggest.add_argument("--by", default="sec_per_step", metavar="COLUMN",
                          help="the report column that decides (default: sec_per_step; also tok_per_s, "
@@ -143,6 +147,7 @@ def build_parser(registry=None, parser_class=_Parser):
     direction.add_argument("--lower", dest="lower", action="store_const", const=True, default=None,
                            help="lower is better (known for the usual columns)")
     direction.add_argument("--higher", dest="lower", action="store_const", const=False)
+    suggest.add_argument("--level", default="0.95", metavar="LEVEL", help=level_help)
     for name in ("keyword", "markexpr", "profile"):
         suggest.set_defaults(**{name: None})
     suggest.set_defaults(failed=False, verbose=0)
@@ -151,6 +156,7 @@ def build_parser(registry=None, parser_class=_Parser):
                                                 "(the report tables committed at git revision REV under PATH)")
     compare.add_argument("b", metavar="B", help="the other side, in the same forms")
     compare.add_argument("--columns", metavar="C1,C2", help="columns to compare (default: every numeric one)")
+    compare.add_argument("--level", default="0.95", metavar="LEVEL", help=level_help)
     cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them, "
                                "and stop the local sweep run on this machine that runs any of them")
     cancel.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)

@@ -180,7 +180,8 @@ def report_grids(session: Session) -> list[str]:
 
 def cmd_report(session: Session) -> int:
     make_report = _import_stage("sweepkit.report", "make_report", "report")
-    return make_report(session, report_grids(session), session.options.format, session.options.table)
+    options = session.options
+    return make_report(session, report_grids(session), options.format, options.table, options.level)
 
 
 def _plugins_table(rows: list[tuple[str, str, str]]) -> Table:
@@ -193,11 +194,11 @@ def _plugins_table(rows: list[tuple[str, str, str]]) -> Table:
     return table
 
 
-def _report_table(grid_dir) -> "object":
-    """Both report tables of a grid dir as one frame, a row a cell."""
-    from sweepkit.report import grid_tables, wide_table
+def _report_table(grid_dir, level) -> "object":
+    """Both report tables of a grid dir as one frame, a row a cell, intervals at ``level``."""
+    from sweepkit.report import grid_tables, interval_level, wide_table
 
-    return wide_table(grid_tables(grid_dir))
+    return wide_table(grid_tables(grid_dir, level=interval_level(level)))
 
 
 def cmd_suggest(session: Session) -> int:
@@ -215,12 +216,12 @@ def cmd_suggest(session: Session) -> int:
     grid_dir = session.runs_dir / grid
     if not grid_dir.is_dir():
         raise UsageError(f"{grid}: no runs under {session.display_path(session.runs_dir)}; run it first")
-    result = suggest(cells, _report_table(grid_dir), column=options.by, lower_is_better=options.lower)
+    result = suggest(cells, _report_table(grid_dir, options.level), column=options.by, lower_is_better=options.lower)
     session.console.print(format_suggestion(result), markup=False, soft_wrap=True)
     return ExitCode.OK
 
 
-def _compare_side(session: Session, spec: str):
+def _compare_side(session: Session, spec: str, level):
     """One side of ``sweep compare``: a ``runs/<grid>`` dir, a grid of this runs dir, or
     ``REV:PATH``, the report tables committed at git revision REV under PATH."""
     from pathlib import Path
@@ -235,7 +236,7 @@ def _compare_side(session: Session, spec: str):
     if not directory.is_dir():
         directory = session.runs_dir / Path(spec).stem
     if directory.is_dir() and any(directory.glob("*/cell.json")):
-        return _report_table(directory)
+        return _report_table(directory, level)
     raise UsageError(f"sweep compare: {spec}: not a grid's runs (a directory of cell dirs, such as "
                      f"runs/<grid>, a grid of this runs dir, or REV:PATH for the report tables "
                      f"committed at git revision REV)")
@@ -243,15 +244,14 @@ def _compare_side(session: Session, spec: str):
 
 def cmd_compare(session: Session) -> int:
     """Two runs of a grid, cell by cell: each column's change and which exceed the noise, the
-    noise measured from the cells that differ only in ``seed`` where there are some."""
-    from sweepkit.compare import compare, compared_columns, format_compare, noise_from_seeds
+    noise from the rows' intervals (their seeds' spread where they have seeds)."""
+    from sweepkit.compare import compare, compared_columns, format_compare, noise_note
 
     options = session.options
-    a, b = (_compare_side(session, spec) for spec in (options.a, options.b))
+    a, b = (_compare_side(session, spec, options.level) for spec in (options.a, options.b))
     columns = compared_columns(a, b, options.columns.split(",") if options.columns else None)
-    repeats = noise_from_seeds({"a": a, "b": b}, columns=columns)
-    frame = compare(a, b, columns=columns, noise=repeats.noise)
-    session.console.print(format_compare(frame, repeats.describe()), markup=False, soft_wrap=True)
+    frame = compare(a, b, columns=columns)
+    session.console.print(format_compare(frame, noise_note(frame)), markup=False, soft_wrap=True)
     return ExitCode.OK
 
 

@@ -206,41 +206,37 @@ def scan(directory: Path) -> pl.LazyFrame | None:
     return frame_of(kind, data)
 
 
-def warmup_steps(n_steps: int) -> int:
-    """Steps left out of timing medians: the first 10% of the steps, at least the first
-    one (compilation, cache allocation and CUDA graph capture make it slow), none when
-    there is only one step."""
-    if n_steps <= 1:
-        return 0
-    return max(1, n_steps // 10)
-
-
-def after_warmup(column: str) -> pl.Expr:
-    """``column`` over one cell's train steps in step order, :func:`warmup_steps` left out."""
-    import polars as pl
-
-    n = pl.len()
-    warmup = pl.when(n > 1).then(pl.max_horizontal(pl.lit(1), n // 10)).otherwise(0)
-    return pl.col(column).sort_by("step").slice(warmup)
-
-
 def _finite(expression: pl.Expr) -> pl.Expr:
-    import polars as pl
-
     return expression.filter(expression.is_finite())
 
 
 @functools.cache
 def summary_expressions() -> tuple:
-    """What the live display and ``sweep status`` show of a cell, over its train rows: the
-    last step, the median step time after warm-up, the last finite reward."""
+    """What the live display and ``sweep status`` show of a cell, over its train rows, but
+    sec/step (:func:`steady_sec_per_step`): the last step and the last finite reward."""
     import polars as pl
 
     return (
         pl.col("step").max().alias("step"),
-        _finite(after_warmup(STEP_TIME)).median().alias("sec_per_step"),
         _finite(pl.col(REWARD).sort_by("step")).last().alias("reward"),
     )
+
+
+def steady_sec_per_step(frame: pl.DataFrame) -> float | None:
+    """The steady-state mean of a per-step frame's step times: the warm-up the data shows
+    left out, each process's own (its start is the step of an ``info`` record), as the
+    report's ``sec_per_step`` (``steadystate.steady_mean``)."""
+    import math
+
+    import polars as pl
+    from steadystate import starts_of, steady_mean
+
+    train = frame.filter(pl.col("kind") == "train").sort("step")
+    rows = [(step, time) for step, time in train.select("step", STEP_TIME).iter_rows()
+            if time is not None and math.isfinite(time)]
+    starts = starts_of([step for step, _ in rows], frame.filter(pl.col("kind") == "info")["step"].to_list())
+    estimate = steady_mean([time for _, time in rows], starts)
+    return estimate.mean if estimate is not None else None
 
 
 @attrs.frozen(kw_only=True)
@@ -259,13 +255,11 @@ def summarize_frame(frame: pl.LazyFrame | pl.DataFrame | None, updated: float | 
 
     if frame is None:
         return Summary(updated=updated)
-    frame = frame.lazy()
     present = frame.collect_schema().names()
-    row = (frame.filter(pl.col("kind") == "train")
-           .with_columns(pl.lit(None, dtype=pl.Float64).alias(name) for name in (STEP_TIME, REWARD)
-                         if name not in present)
-           .select(summary_expressions()).collect().row(0, named=True))
-    return Summary(updated=updated, **row)
+    frame = frame.lazy().with_columns(pl.lit(None, dtype=pl.Float64).alias(name) for name in (STEP_TIME, REWARD)
+                                      if name not in present).collect()
+    row = frame.filter(pl.col("kind") == "train").select(summary_expressions()).row(0, named=True)
+    return Summary(updated=updated, sec_per_step=steady_sec_per_step(frame), **row)
 
 
 def summarize(records: Iterable[dict[str, Any]], updated: float | None = None) -> Summary:

@@ -137,15 +137,22 @@ def table_files(extension: str, write: Callable[[Any, Path], Any]) -> Callable[[
 
 
 def to_markdown(frame) -> str:
-    def cell(value) -> str:
+    """A markdown table; an interval shows in its value's cell (``1.234 ±1.8%``), not in
+    columns of its own."""
+    def cell(column: str, value, row: dict) -> str:
+        if column in INTERVALS:
+            low, high = INTERVALS[column]
+            return interval_text(column, value, row.get(low), row.get(high))
         if value is None:
             return ""
         if isinstance(value, float):
             return f"{value:.4g}"
         return str(value).replace("|", "\\|")
 
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "|".join("---" for _ in frame.columns) + "|"]
-    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in frame.iter_rows()]
+    names = [name for name in frame.columns if name not in BOUNDS]
+    lines = ["| " + " | ".join(names) + " |", "|" + "|".join("---" for _ in names) + "|"]
+    lines += ["| " + " | ".join(cell(name, row[name], row) for name in names) + " |"
+              for row in frame.iter_rows(named=True)]
     return "\n".join(lines) + "\n"
 
 
@@ -190,13 +197,16 @@ def _show_screen(report: GridReport, console: Console) -> None:
 # How each column of the tables shows on screen (the files keep the full names): a short
 # header, and at a narrow width the diff and failure cut, then the columns of least use
 # left out, lowest ``drop`` first (the diff before the timing split: a cell's id mostly
-# says what it changes). A column not named here (a plugin's table) shows under its name.
+# says what it changes). The verdicts are never left out: a number within the noise must
+# read as such at any width. A column not named here (a plugin's table) shows under its name.
 SCREEN = {
     "cell": Column(header="cell"),
     "status": Column(header="status"),
-    "steps": Column(header="steps", justify="right"),
+    "seeds": Column(header="seeds", justify="right", drop=2),
+    "steps": Column(header="steps", justify="right", drop=3),
     "sec_per_step": Column(header="s/step", justify="right"),
     "delta_vs_base_pct": Column(header="vs base", justify="right"),
+    "verdict": Column(header="verdict"),
     "tok_per_s": Column(header="tok/s", justify="right", drop=7),
     "gen_frac": Column(header="gen", justify="right", drop=6),
     "train_frac": Column(header="train", justify="right", drop=5),
@@ -207,13 +217,16 @@ SCREEN = {
     "kl_last": Column(header="kl last", justify="right"),
     "memory_peak_gb": Column(header="mem GB", justify="right", drop=3),
     "timed_steps": Column(header="n", justify="right", drop=4),
-    "sec_per_step_sd": Column(header="±sd", justify="right", drop=3),
-    "bottleneck": Column(header="bound", justify="right"),
+    "warmup_steps": Column(header="warm", justify="right", drop=1),
+    "bottleneck": Column(header="bound", justify="right", drop=8),
     "gpu_hours": Column(header="GPU h", justify="right", drop=4),
     "note": Column(header="note", floor=16, drop=5),
     "pass_at_k_best": Column(header="best@k", justify="right", drop=4),
     "pass_at_k_best_step": Column(header="at", justify="right", drop=3),
     "pass_at_k_per_gpu_hour": Column(header="@k/GPU h", justify="right", drop=3),
+    "pass_at_k_vs_base": Column(header="@k vs base", justify="right", drop=9),
+    "pass_at_k_verdict": Column(header="@k verdict"),
+    "eval_prompts": Column(header="prompts", justify="right", drop=2),
     "entropy_first": Column(header="ent first", justify="right", drop=2),
     "entropy_last": Column(header="ent last", justify="right", drop=4),
     "entropy_collapse": Column(header="collapse", justify="right"),
@@ -230,15 +243,68 @@ SCREEN = {
 }
 # Shares of the step's time, shown as percentages.
 FRACTIONS = ("gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac")
+# Columns whose interval is shown beside them, in their own cell: value -> (low, high).
+INTERVALS = {name: (f"{name}_lo", f"{name}_hi") for name in ("sec_per_step", "tok_per_s", "pass_at_k")}
+INTERVALS.update({"delta_vs_base_pct": ("delta_vs_base_lo", "delta_vs_base_hi"),
+                  "pass_at_k_vs_base": ("pass_at_k_vs_base_lo", "pass_at_k_vs_base_hi")})
+BOUNDS = frozenset(bound for pair in INTERVALS.values() for bound in pair)
+# Verdicts that are findings, and their colours; every other verdict reads dim.
+FINDINGS = {"faster": "green", "better": "green", "slower": "red", "worse": "red"}
+
+
+def _bound(value, fmt: str) -> str:
+    return "?" if value is None else format(value, fmt)
+
+
+def interval_text(column: str, value, low, high) -> str:
+    """A value with its interval, as a person reads it: ``1.234 ±1.8%`` for a measure,
+    ``-12.3% [-15.0, -9.4]`` for a Δ in percent, ``0.78 [0.74, 0.82]`` for a rate."""
+    if value is None:
+        return ""
+    if column == "delta_vs_base_pct":
+        text = f"{value:+.1f}%"
+        return text if low is None and high is None else f"{text} [{_bound(low, '+.1f')}, {_bound(high, '+.1f')}]"
+    if column == "pass_at_k_vs_base":
+        text = f"{value:+.3f}"
+        return text if low is None and high is None else f"{text} [{_bound(low, '+.3f')}, {_bound(high, '+.3f')}]"
+    if column == "pass_at_k":
+        text = f"{value:.3g}"
+        return text if low is None or high is None else f"{text} [{low:.3g}, {high:.3g}]"
+    text = f"{value:.4g}"
+    if low is None or high is None or value == 0:
+        return text
+    return f"{text} ±{(high - low) / 2 / abs(value):.1%}"
+
+
+def verdict_text(value) -> Text:
+    if value is None:
+        return Text("")
+    return Text(value, style=f"bold {FINDINGS[value]}" if value in FINDINGS else "dim")
+
+
+def spread_text(column: str, row: dict) -> str:
+    """The interval of ``column`` in ``row`` on its own: ``±1.8%`` for a measure, the bounds
+    of a Δ or a rate (``[-15.0, -9.4]``); empty without one."""
+    text = interval_text(column, row.get(column), *(row.get(bound) for bound in INTERVALS[column]))
+    value = interval_text(column, row.get(column), None, None)
+    return text[len(value):].strip()
+
+
+# The screen column of an interval, after its value's: (header, drop rank). The bounds go
+# before the verdict and the values: a narrow terminal still says within noise.
+SPREAD = {"sec_per_step": ("±", 9), "tok_per_s": ("±", 3), "delta_vs_base_pct": ("Δ interval", 8),
+          "pass_at_k": ("interval", 5), "pass_at_k_vs_base": ("Δ interval", 9)}
 
 
 def _screen_value(column: str, value) -> Text:
+    if column in INTERVALS:
+        return Text(interval_text(column, value, None, None))
     if value is None:
         return Text("")
     if column == "status":
         return status_text(value)
-    if column == "delta_vs_base_pct":
-        return Text(f"{value:+.1f}%")
+    if column in ("verdict", "pass_at_k_verdict"):
+        return verdict_text(value)
     if column == "entropy_collapse":
         return Text("COLLAPSED", style="bold red") if value else Text("no")
     if column == "bottleneck":
@@ -251,9 +317,19 @@ def _screen_value(column: str, value) -> Text:
 
 
 def print_screen_table(console: Console, title: str, frame) -> None:
-    """One report table fitted to the console (``sweepkit.tables``), a line a cell."""
-    columns = [SCREEN.get(name, Column(header=name)) for name in frame.columns]
-    rows = [[_screen_value(column, value) for column, value in row.items()] for row in frame.iter_rows(named=True)]
+    """One report table fitted to the console (``sweepkit.tables``), a line a cell; an
+    interval shows in a column after its value's (:data:`SPREAD`), not as two bounds."""
+    columns, cells = [], []  # a screen column and how it reads a row
+    for name in frame.columns:
+        if name in BOUNDS:
+            continue
+        columns.append(SCREEN.get(name, Column(header=name)))
+        cells.append(lambda row, name=name: _screen_value(name, row[name]))
+        if name in SPREAD and any(bound in frame.columns for bound in INTERVALS[name]):
+            header, rank = SPREAD[name]
+            columns.append(Column(header=header, justify="right", drop=rank))
+            cells.append(lambda row, name=name: Text(spread_text(name, row)))
+    rows = [[cell(row) for cell in cells] for row in frame.iter_rows(named=True)]
     dropped = print_table(console, columns, rows, title=title)
     if dropped:
         console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (the files written have them)",

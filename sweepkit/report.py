@@ -59,7 +59,8 @@ from pathlib import Path
 import attrs
 import polars as pl
 
-from sweepkit import failures, metrics
+from steadystate import LEVEL, check_level
+from sweepkit import failures, intervals, metrics
 from sweepkit import state as st
 from sweepkit.errors import UsageError
 from sweepkit.html_report import CURVES
@@ -70,13 +71,15 @@ from sweepkit.status import file_warnings, grid_order
 REPORT_DIR = "report"
 BASE_CELL = "base"
 
-THROUGHPUT = ("cell", "status", "steps", "sec_per_step", "timed_steps", "sec_per_step_sd", "delta_vs_base_pct",
-              "tok_per_s", "gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac", "bottleneck",
-              "memory_peak_gb", "gpu_hours", "note", "diff", "failure")
-ACCURACY = ("cell", "status", "steps", "reward_first", "reward_last", "kl_first", "kl_last", "pass_at_1",
-            "pass_at_k", "eval_k", "pass_at_k_best", "pass_at_k_best_step", "pass_at_k_per_gpu_hour",
-            "entropy_first", "entropy_last", "entropy_min", "entropy_collapse", "logratio_max", "grad_norm_max",
-            "diff", "failure")
+THROUGHPUT = ("cell", "status", "seeds", "steps", "sec_per_step", "sec_per_step_lo", "sec_per_step_hi",
+              "timed_steps", "warmup_steps", "delta_vs_base_pct", "delta_vs_base_lo", "delta_vs_base_hi", "verdict",
+              "tok_per_s", "tok_per_s_lo", "tok_per_s_hi", "gen_frac", "train_frac", "sync_frac", "ref_frac",
+              "teacher_frac", "bottleneck", "memory_peak_gb", "gpu_hours", "note", "diff", "failure")
+ACCURACY = ("cell", "status", "seeds", "steps", "reward_first", "reward_last", "kl_first", "kl_last", "pass_at_1",
+            "pass_at_k", "pass_at_k_lo", "pass_at_k_hi", "eval_k", "eval_prompts", "pass_at_k_vs_base",
+            "pass_at_k_vs_base_lo", "pass_at_k_vs_base_hi", "pass_at_k_verdict", "pass_at_k_best",
+            "pass_at_k_best_step", "pass_at_k_per_gpu_hour", "entropy_first", "entropy_last", "entropy_min",
+            "entropy_collapse", "logratio_max", "grad_norm_max", "note", "diff", "failure")
 # The timing split's columns and the label of the one that dominates a step.
 BOTTLENECKS = {"gen_frac": "generate-bound", "train_frac": "train-bound", "ref_frac": "ref-bound",
                "teacher_frac": "teacher-bound", "sync_frac": "sync-bound"}
@@ -86,9 +89,17 @@ COLLAPSE_FRACTION = 0.2
 # without a session (compare, suggest, the benchmark) gets these.
 TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
 BUILTIN_TABLES = {
-    "throughput": ReportTable.of_columns(THROUGHPUT, "step time, its split and the bottleneck, vs base"),
-    "accuracy": ReportTable.of_columns(ACCURACY, "reward, pass@k, entropy (collapse), KL and drift"),
+    "throughput": ReportTable.of_columns(THROUGHPUT, "step time with its interval, its split and the bottleneck, "
+                                                     "Δ vs base with a verdict"),
+    "accuracy": ReportTable.of_columns(ACCURACY, "reward, pass@k with its interval and Δ vs base, entropy "
+                                                 "(collapse), KL and drift"),
 }
+# The types of the columns of a row (a cell, its repeats over seeds folded in).
+TEXT = ("cell", "status", "verdict", "pass_at_k_verdict", "bottleneck", "note", "diff", "failure")
+INTEGERS = ("seeds", "steps", "timed_steps", "warmup_steps", "eval_k", "eval_prompts", "pass_at_k_best_step")
+ROW_SCHEMA = {name: pl.String if name in TEXT else pl.Int64 if name in INTEGERS
+              else pl.Boolean if name == "entropy_collapse" else pl.Float64
+              for name in dict.fromkeys(THROUGHPUT + ACCURACY)}
 
 # What the HTML page draws, by step.
 CURVE_METRICS = tuple(name for name, _ in CURVES)
@@ -96,7 +107,7 @@ CURVE_METRICS = tuple(name for name, _ in CURVES)
 USED_METRICS = ("timing/step", "timing/generate", "timing/policy_train", "timing/sync_weights", "timing/ref",
                 "timing/teacher", "distill/token_kl_mean",
                 "throughput/tokens_per_s", "reward/mean", "policy/entropy", "policy/grad_norm", "policy/kl",
-                "memory/peak_gb", "eval/pass_at_1", "eval/pass_at_k", "eval/k")
+                "memory/peak_gb", "eval/pass_at_1", "eval/pass_at_k", "eval/k", "eval/prompts")
 
 
 def _by_step(column: str) -> pl.Expr:
@@ -109,16 +120,17 @@ def _window_mean(column: str, last: bool) -> pl.Expr:
     return values.slice(values.len() - k, k).mean() if last else values.slice(0, k).mean()
 
 
+def _steady(column: str) -> pl.Expr:
+    """``column`` over the train steps that are not warm-up (``sweepkit.intervals``)."""
+    return pl.col(column).filter(~pl.col("warmup").fill_null(False))
+
+
 def _frac(column: str) -> pl.Expr:
-    return metrics.after_warmup(column).mean() / metrics.after_warmup("timing/step").mean()
+    return _steady(column).mean() / _steady("timing/step").mean()
 
 
 TRAIN_AGGREGATES = (
     pl.col("step").max().alias("steps"),
-    metrics.after_warmup("timing/step").median().alias("sec_per_step"),
-    metrics.after_warmup("timing/step").drop_nulls().len().alias("timed_steps"),
-    metrics.after_warmup("timing/step").std().alias("sec_per_step_sd"),
-    metrics.after_warmup("throughput/tokens_per_s").median().alias("tok_per_s"),
     _frac("timing/generate").alias("gen_frac"),
     _frac("timing/policy_train").alias("train_frac"),
     _frac("timing/sync_weights").alias("sync_frac"),
@@ -139,6 +151,7 @@ EVAL_AGGREGATES = (
     _by_step("eval/pass_at_1").drop_nulls().last().alias("pass_at_1"),
     _by_step("eval/pass_at_k").drop_nulls().last().alias("pass_at_k"),
     _by_step("eval/k").drop_nulls().last().alias("eval_k"),
+    _by_step("eval/prompts").drop_nulls().last().cast(pl.Int64).alias("eval_prompts"),
     pl.col("eval/pass_at_k").max().alias("pass_at_k_best"),
     pl.col("step").sort_by("eval/pass_at_k", descending=True, nulls_last=True).first().alias("pass_at_k_best_step"),
 )
@@ -155,12 +168,6 @@ COLLAPSE = (
 PER_GPU_HOUR = (
     pl.when(pl.col("gpu_hours") > 0).then(pl.col("pass_at_k") / pl.col("gpu_hours"))
 ).alias("pass_at_k_per_gpu_hour")
-# The base row is 0 by definition; computed, it can come out at -1e-14.
-DELTA_VS_BASE = (
-    pl.when(pl.col("cell") == BASE_CELL)
-    .then(pl.when(pl.col("sec_per_step").is_not_null()).then(0.0))
-    .otherwise((pl.col("sec_per_step") / pl.col("sec_per_step").filter(pl.col("cell") == BASE_CELL).first() - 1) * 100)
-).alias("delta_vs_base_pct")
 
 
 def _diff_text(record) -> str:
@@ -176,39 +183,53 @@ def gpu_hours(view) -> float | None:
     return gpus * seconds / 3600 if gpus and seconds else None
 
 
-def run_info(view) -> dict:
-    """The trainer's ``info`` record of the cell's run (device, inert knobs), or {}: its
+def run_records(view) -> tuple[dict, dict]:
+    """The trainer's first ``info`` record of the cell's run (device, inert knobs) and its last
+    ``stop`` record (why it ended before ``max_steps``), each {} where there is none: their
     strings and lists are no metrics, so the per-step frame does not hold them."""
-    path = view.directory / st.METRICS_FILE
+    info, stop = {}, {}
     try:
-        with open(path) as handle:
+        with open(view.directory / st.METRICS_FILE) as handle:
             for line in handle:
-                record = json.loads(line)
-                if record.get("kind") == "info":
-                    return record
-    except (OSError, ValueError):
+                if '"info"' not in line and '"stop"' not in line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("kind") == "info" and not info:
+                    info = record
+                elif record.get("kind") == "stop":
+                    stop = record
+    except OSError:
         pass
-    return {}
+    return info, stop
 
 
-def cell_note(view, info: dict | None = None) -> str | None:
-    """``inert: …`` for a cell whose diff touches only knobs its run reported as having no
-    effect (``info``: its :func:`run_info`, read here when not given)."""
+def run_info(view) -> dict:
+    """The trainer's ``info`` record of the cell's run, or {} (:func:`run_records`)."""
+    return run_records(view)[0]
+
+
+def is_inert(view, info: dict) -> bool:
+    """Every knob the cell's diff touches was reported by its run as having no effect."""
     diff = set(((view.record or {}).get("diff") or {}))
-    inert = set((run_info(view) if info is None else info).get("inert_knobs") or ())
-    if diff and diff <= inert:
-        return "inert: " + ", ".join(sorted(diff)) + " had no effect in this run"
-    return None
+    return bool(diff) and diff <= set(info.get("inert_knobs") or ())
 
 
-def _noise_note() -> pl.Expr:
-    """A vs-base figure from one timed step (of the cell or of base) is noise: say so."""
-    base_steps = pl.col("timed_steps").filter(pl.col("cell") == BASE_CELL).first()
-    thin = (pl.col("timed_steps") < 2) | (base_steps < 2)
-    noise = pl.when(thin & pl.col("delta_vs_base_pct").is_not_null() & (pl.col("cell") != BASE_CELL)).then(
-        pl.lit("vs base rests on 1 timed step"))
-    joined = pl.concat_str([pl.col("note"), noise], separator="; ", ignore_nulls=True)
-    return pl.when(joined != "").then(joined).alias("note")
+def cell_note(view, info: dict | None = None, stop: dict | None = None) -> str | None:
+    """``inert: …`` for a cell whose diff touches only knobs its run reported as having no
+    effect (``info``: its first ``info`` record, read here when not given), and why the run
+    stopped early (``stop``: its ``stop`` record)."""
+    if info is None:
+        info, stop = run_records(view)
+    notes = []
+    if is_inert(view, info):
+        knobs = ", ".join(sorted((view.record or {}).get("diff") or {}))
+        notes.append(f"inert: {knobs} had no effect in this run")
+    if stop and stop.get("reason"):
+        notes.append(f"stopped at step {stop.get('step')}: {stop['reason']}")
+    return "; ".join(notes) or None
 
 
 def grid_heading(views, infos: list[dict]) -> str:
@@ -225,21 +246,27 @@ def grid_heading(views, infos: list[dict]) -> str:
 @attrs.frozen(kw_only=True)
 class GridFrames:
     """One grid's frames, lazy: ``cells`` a row a cell in the grid's order with every
-    built-in column (status, diff, failure, cost and every aggregate above), ``steps`` a
-    row per cell, kind (train, eval) and step with every numeric metric any cell logged
-    (the ``USED_METRICS`` always, null where none did). Tables are queries over them."""
+    built-in column (status, diff, failure, cost, every aggregate above and the intervals
+    and verdicts of ``sweepkit.intervals``), the cells that repeat one over seeds folded into
+    the first one's row; ``runs`` a row a cell as it ran, repeats apart (no intervals);
+    ``steps`` a row per cell, kind (train, eval) and step with every numeric metric any cell
+    logged (the ``USED_METRICS`` always, null where none did) and ``warmup`` (a train step
+    left out as warm-up). Tables are queries over them; ``level`` is their intervals'."""
 
     grid: str
     cells: pl.LazyFrame
+    runs: pl.LazyFrame
     steps: pl.LazyFrame
     heading: str
     diffs: Mapping[str, str]
+    level: float = LEVEL
 
 
 def grid_tables(grid_dir: Path, cells: list[Path] | None = None,
-                tables: Mapping[str, ReportTable] = BUILTIN_TABLES) -> dict[str, pl.DataFrame]:
-    """The tables of one grid dir (the built-in two by default), optionally only for some of its cells."""
-    return collect_report(grid_frames(grid_dir, cells), tables, report_dir=grid_dir / REPORT_DIR).tables
+                tables: Mapping[str, ReportTable] = BUILTIN_TABLES, level: float = LEVEL) -> dict[str, pl.DataFrame]:
+    """The tables of one grid dir (the built-in two by default), optionally only for some of
+    its cells, with intervals at ``level``."""
+    return collect_report(grid_frames(grid_dir, cells, level), tables, report_dir=grid_dir / REPORT_DIR).tables
 
 
 def wide_table(tables: Mapping[str, pl.DataFrame]) -> pl.DataFrame:
@@ -251,28 +278,33 @@ def wide_table(tables: Mapping[str, pl.DataFrame]) -> pl.DataFrame:
     return throughput.join(accuracy.drop(shared), on="cell", how="left", maintain_order="left")
 
 
-def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> GridFrames:
-    """The frames of a grid dir (or of some of its cells), from one read of every cell."""
+def grid_frames(grid_dir: Path, cells: list[Path] | None = None, level: float = LEVEL) -> GridFrames:
+    """The frames of a grid dir (or of some of its cells), from one read of every cell;
+    intervals at ``level``."""
     views = [st.view(directory) for directory in (cells if cells is not None else st.cell_dirs(grid_dir))]
     job_states = failures.job_records(views)  # failure classes of SLURM attempts need their job states
     views.sort(key=grid_order)  # as `sweep list` shows them, not by name
-    infos = [run_info(view) for view in views]
+    records_of = [run_records(view) for view in views]
+    infos = [info for info, _ in records_of]
     diffs = {view.name: _diff_text(view.record) for view in views}
     cell_info = pl.LazyFrame(
         {
             "cell": [view.name for view in views],
+            "group": [(view.record or {}).get("group") or view.name for view in views],
             "status": [view.outcome for view in views],
             "diff": list(diffs.values()),
             "failure": [None if view.waiting else failures.failure_text(view, job_states) for view in views],
             "gpu_hours": [gpu_hours(view) for view in views],
-            "note": [cell_note(view, info) for view, info in zip(views, infos)],
+            "note": [cell_note(view, info, stop) for view, (info, stop) in zip(views, records_of)],
+            "inert": [is_inert(view, info) for view, info in zip(views, infos)],
         },
-        schema={"cell": pl.String, "status": pl.String, "diff": pl.String, "failure": pl.String,
-                "gpu_hours": pl.Float64, "note": pl.String},
+        schema={"cell": pl.String, "group": pl.String, "status": pl.String, "diff": pl.String,
+                "failure": pl.String, "gpu_hours": pl.Float64, "note": pl.String, "inert": pl.Boolean},
     )
     # A cell waiting to start over keeps its earlier run's metrics until it starts: no
     # numbers of the attempt its row is about.
-    frames = [frame.filter(pl.col("kind").is_in(["train", "eval"])).with_columns(pl.lit(view.name).alias("cell"))
+    kinds = pl.col("kind").is_in(["train", "eval", "info"])
+    frames = [frame.filter(kinds).with_columns(pl.lit(view.name).alias("cell"))
               for view in views if not view.stale_files and (frame := metrics.scan(view.directory)) is not None]
     if frames:
         records = pl.concat(frames, how="diagonal_relaxed")
@@ -283,16 +315,24 @@ def grid_frames(grid_dir: Path, cells: list[Path] | None = None) -> GridFrames:
         records = pl.LazyFrame(schema={"cell": pl.String, "kind": pl.String, "step": pl.Int64,
                                        **{name: pl.Float64 for name in USED_METRICS}})
     # Read once: the tables and the curves all start from these rows (polars would otherwise
-    # plan one scan of every cell's file per branch).
-    records = records.collect().lazy()
+    # plan one scan of every cell's file per branch). The estimates need every step in hand.
+    records = records.collect()
+    estimates, warm = intervals.run_estimates(records)
+    records = (records.filter(pl.col("kind") != "info")
+               .join(warm, on=["cell", "step"], how="left", maintain_order="left").lazy())
     train = records.filter(pl.col("kind") == "train").group_by("cell").agg(TRAIN_AGGREGATES)
     evals = records.filter(pl.col("kind") == "eval").group_by("cell").agg(EVAL_AGGREGATES)
-    joined = (cell_info.join(train, on="cell", how="left", maintain_order="left")
-              .join(evals, on="cell", how="left", maintain_order="left")
-              .with_columns(DELTA_VS_BASE, BOTTLENECK, COLLAPSE, PER_GPU_HOUR)
-              .with_columns(_noise_note()))
-    return GridFrames(grid=grid_dir.name, cells=joined, steps=records, heading=grid_heading(views, infos),
-                      diffs=diffs)
+    runs = (cell_info.join(train, on="cell", how="left", maintain_order="left")
+            .join(evals, on="cell", how="left", maintain_order="left")
+            .with_columns(COLLAPSE, PER_GPU_HOUR)).collect()
+    rows = intervals.decide(intervals.fold(runs.to_dicts(), estimates), level)
+    compared = sum(1 for row in rows if row["cell"] != BASE_CELL and row["delta_vs_base_pct"] is not None)
+    heading = grid_heading(views, infos) + f" · {level:.0%} intervals" + (
+        f"; Δ vs base: {level:.0%} for its {compared} comparisons at once" if compared > 1 else "")
+    folded = pl.DataFrame([{name: row.get(name) for name in ROW_SCHEMA} for row in rows], schema=ROW_SCHEMA,
+                          orient="row").with_columns(BOTTLENECK)
+    return GridFrames(grid=grid_dir.name, cells=folded.lazy(), runs=runs.lazy(), steps=records,
+                      heading=heading, diffs=diffs, level=level)
 
 
 def collect_report(frames: GridFrames, tables: Mapping[str, ReportTable], *, report_dir: Path,
@@ -304,7 +344,7 @@ def collect_report(frames: GridFrames, tables: Mapping[str, ReportTable], *, rep
         if not isinstance(query, (pl.LazyFrame, pl.DataFrame)):
             raise UsageError(f"report table {name!r}: its build returned {type(query).__name__}, not a polars frame")
         queries.append(query.lazy())
-    curves = frames.steps.select("cell", "kind", "step", *CURVE_METRICS).sort("cell", "step")
+    curves = frames.steps.select("cell", "kind", "step", "warmup", *CURVE_METRICS).sort("cell", "step")
     try:
         *collected, steps = pl.collect_all([*queries, curves])
     except pl.exceptions.ColumnNotFoundError as error:
@@ -313,6 +353,19 @@ def collect_report(frames: GridFrames, tables: Mapping[str, ReportTable], *, rep
     return GridReport(grid=frames.grid, heading=frames.heading, tables=dict(zip(tables, collected)),
                       shown=tuple(tables) if shown is None else shown, steps=steps, diffs=frames.diffs,
                       report_dir=report_dir)
+
+
+def interval_level(level) -> float:
+    """``--level`` checked: a number in (0, 1); a UsageError naming the option otherwise."""
+    try:
+        if isinstance(level, str):
+            try:
+                level = float(level)
+            except ValueError:
+                pass
+        return check_level(level, "--level")
+    except ValueError as error:
+        raise UsageError(f"{error} (0.95 for 95 % intervals)") from None
 
 
 def group_by_grid(runs_dir: Path, specs) -> dict[Path, list[Path] | None]:
@@ -331,13 +384,14 @@ def group_by_grid(runs_dir: Path, specs) -> dict[Path, list[Path] | None]:
     return grids
 
 
-def make_report(session, specs, fmt: str = "table", table: str | None = None) -> int:
+def make_report(session, specs, fmt: str = "table", table: str | None = None, level: float = LEVEL) -> int:
     """Build, write and print the tables of the grids (or cells) named by ``specs``.
 
     Every registered table is made (``sweep_register_report_tables``); every registered
     format writes its files, and ``fmt`` prints (``sweep_register_report_formats``). A
     data-only format (csv, json) prints data alone on stdout, what was written on stderr.
     """
+    level = interval_level(level)
     registry = report_registry(session)
     spec = registry.formats.get(fmt)
     if spec is None:
@@ -356,7 +410,7 @@ def make_report(session, specs, fmt: str = "table", table: str | None = None) ->
         for directory in cells if cells is not None else st.cell_dirs(grid_dir):
             for line in file_warnings(st.view(directory), session.display_path):
                 session.err_console.print(f"WARNING: {line}", markup=False)
-        report = collect_report(grid_frames(grid_dir, cells), registry.tables, report_dir=grid_dir / REPORT_DIR,
+        report = collect_report(grid_frames(grid_dir, cells, level), registry.tables, report_dir=grid_dir / REPORT_DIR,
                                 shown=None if table is None else (table,))
         written = [path for name, other in registry.formats.items()
                    if other.write is not None and (other.always or name == fmt) for path in other.write(report)]

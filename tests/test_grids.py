@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.config import schema
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -125,7 +127,11 @@ def test_gpu_profile_puts_every_throughput_cell_on_one_gpu_with_its_levers_kept(
         config = cell["config"]
         assert config["model"] == "random:qwen2.5-0.5b" and config["backend"] == "static", nodeid
         assert (config["device"], config["num_gpus"], config["gpus"]) == ("cuda", 1, 1), nodeid
-        assert config["max_steps"] == 4 and config["eval_before_train"] is False
+        # Measure until sure: each cell stops once its sec/step is known to +-2 %, 30 steps at most
+        # (the profile leaves out a value that is the trainer's default).
+        min_steps = config.get("timing_min_steps", schema()["timing_min_steps"]["default"])
+        assert (config["timing_target"], min_steps, config["max_steps"]) == (0.02, 5, 30), nodeid
+        assert config["eval_before_train"] is False
         assert config["compile_update"] is False, nodeid  # a few steps: no minute of compilation
     base, cudagraph = (cells[f"grids/gsm8k_throughput.py::{n}"]["config"] for n in ("base", "cudagraph"))
     assert (base["enforce_eager"], cudagraph["enforce_eager"]) == (True, False)  # the CUDA-graph lever stays
@@ -170,17 +176,30 @@ def test_readme_main_job_runs_the_smoke_grid_and_reports(sweeper):
     sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
     sweeper.env.pop("SWEEPKIT_GSM8K", None)
     run = sweeper.run("run", "grids/gsm8k_throughput.py", "--profile", "smoke",
-                      "-k", "base or tbs128 or combo_C")
+                      "-k", "base or tbs128 or combo_C or gmu080 or reshard")
     assert run.ret == 0, run
-    assert "3 passed" in run.stdout
+    assert "5 passed" in run.stdout
     report = sweeper.run("report", "--format", "json")
     assert report.ret == 0, report
     tables = json.loads(report.stdout.splitlines()[0])["tables"]
     rows = {row["cell"]: row for row in tables["throughput"]}
-    assert set(rows) == {"base", "tbs128", "combo_C"}
+    assert set(rows) == {"base", "tbs128", "gmu080", "reshard", "combo_C"}
     assert all(row["status"] == "passed" and row["steps"] == 2 for row in rows.values())
     assert rows["base"]["delta_vs_base_pct"] == 0.0 and rows["tbs128"]["delta_vs_base_pct"] is not None
     assert (sweeper.path / "runs" / "gsm8k_throughput" / "report" / "accuracy.parquet").is_file()
+    # Two smoke steps settle nothing, and a knob the CPU run cannot use is inert: no finding,
+    # said on the terminal's table at its narrowest, and nothing for suggest to propose.
+    assert {name: row["verdict"] for name, row in rows.items()} == {
+        "base": None, "tbs128": "too few steps", "gmu080": "inert", "reshard": "inert", "combo_C": "too few steps"}
+    screen = sweeper.run("report", "--table", "throughput", env={"COLUMNS": "60"})
+    lines = {line.split()[0]: line for line in screen.stdout.splitlines() if line.split()}
+    assert "inert" in lines["gmu080"].split() and "inert" in lines["reshard"].split(), screen.stdout
+    assert "too few steps" in lines["tbs128"]
+    suggestion = sweeper.run("suggest", "grids/gsm8k_throughput.py", "--by", "sec_per_step")
+    assert suggestion.ret == 0, suggestion
+    assert "#   gmu: inert here, base kept" in suggestion.stdout
+    assert "#   reshard: inert here, base kept" in suggestion.stdout
+    assert "sk.cell(" not in suggestion.stdout and "no axis beats base beyond the noise" in suggestion.stdout
 
     # The README's rerun of one cell by its id, as written there: only that cell runs again.
     rerun = readme_command("sweep run grids/gsm8k_throughput.py::tbs128")
@@ -189,13 +208,13 @@ def test_readme_main_job_runs_the_smoke_grid_and_reports(sweeper):
     assert "1 passed" in again.stdout
     attempts = {cell: len(json.loads((sweeper.path / "runs/gsm8k_throughput" / cell / "state.json")
                                      .read_text())["attempts"]) for cell in rows}
-    assert attempts == {"base": 1, "tbs128": 2, "combo_C": 1}
+    assert attempts == {"base": 1, "tbs128": 2, "gmu080": 1, "reshard": 1, "combo_C": 1}
     report = sweeper.run("report", "--format", "json")
     assert report.ret == 0, report
     tables = json.loads(report.stdout.splitlines()[0])["tables"]
     for table in tables.values():
         assert {row["cell"]: (row["status"], row["steps"]) for row in table} == \
-            {cell: ("passed", 2) for cell in ("base", "tbs128", "combo_C")}
+            {cell: ("passed", 2) for cell in ("base", "tbs128", "gmu080", "reshard", "combo_C")}
 
 
 def readme_command(start: str) -> list[str]:

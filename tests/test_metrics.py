@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sweepkit import metrics
 
 
@@ -58,8 +60,21 @@ def test_follower_reads_only_complete_lines_and_sees_a_restarted_file(tmp_path):
     assert follower.summary().step == 1
 
 
-def test_warmup_steps():
-    assert [metrics.warmup_steps(n) for n in (0, 1, 2, 10, 19, 20, 233)] == [0, 0, 1, 1, 1, 2, 23]
+def test_sec_per_step_leaves_out_each_process_warm_up_as_the_report_does(tmp_path):
+    # A run resumed at step 4: each process compiled at its first step (30 s, 25 s).
+    times = {1: 30.0, 2: 1.0, 3: 1.2, 4: 1.1, 5: 25.0, 6: 0.9, 7: 1.0, 8: 1.2}
+    lines = [{"kind": "info", "step": 0}, *({"kind": "train", "step": s, "timing/step": t} for s, t in times.items()
+                                          if s <= 4),
+             {"kind": "info", "step": 4}, *({"kind": "train", "step": s, "timing/step": t} for s, t in times.items()
+                                            if s > 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    steady = [1.0, 1.2, 1.1, 0.9, 1.0, 1.2]
+    assert metrics.summary(tmp_path).sec_per_step == pytest.approx(sum(steady) / len(steady))
+    # Without the second info record, step 5 is no process's first: a slow step of the run, kept.
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines
+                                                   if line != {"kind": "info", "step": 4}))
+    kept = [*steady, 25.0]
+    assert metrics.summary(tmp_path).sec_per_step == pytest.approx(sum(kept) / len(kept))
 
 
 def test_a_record_whose_step_is_no_integer_is_left_out_and_named(tmp_path):

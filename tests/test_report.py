@@ -44,13 +44,16 @@ def expected_row(name: str) -> dict:
     config = CONFIGS[name]
     last = config.get("fail_at", config["steps"])
     train = [record(config, step) for step in range(1, last + 1)]
-    after_warmup = train[1:]  # fewer than 20 steps: only step 1 is warm-up
+    after_warmup = train[1:]  # step 1 is 4x the others: the warm-up its data shows
     mean = lambda key: statistics.mean(r[key] for r in after_warmup)  # noqa: E731
     finished = "fail_at" not in config
     return {
         "steps": last,
-        "sec_per_step": statistics.median(r["timing/step"] for r in after_warmup),
-        "tok_per_s": statistics.median(r["throughput/tokens_per_s"] for r in after_warmup),
+        "seeds": 1,
+        "warmup_steps": 1,
+        "timed_steps": len(after_warmup),
+        "sec_per_step": mean("timing/step"),
+        "tok_per_s": mean("throughput/tokens_per_s"),
         "gen_frac": mean("timing/generate") / mean("timing/step"),
         "train_frac": mean("timing/policy_train") / mean("timing/step"),
         "sync_frac": mean("timing/sync_weights") / mean("timing/step"),
@@ -77,6 +80,12 @@ def test_report_files_hold_the_values_recomputed_from_the_metrics(reported):
     assert rows["faster"]["delta_vs_base_pct"] == pytest.approx((rows["faster"]["sec_per_step"] / base - 1) * 100)
     assert rows["faster"]["delta_vs_base_pct"] == pytest.approx(-50.0)
     assert rows["base"]["delta_vs_base_pct"] == 0.0
+    # Each measure inside its interval; faster's Δ (at the level of 3 comparisons at once) excludes 0.
+    for name in ("base", "faster"):
+        for key in ("sec_per_step", "tok_per_s"):
+            assert rows[name][f"{key}_lo"] < rows[name][key] < rows[name][f"{key}_hi"], (name, key)
+    assert rows["faster"]["delta_vs_base_hi"] < 0 and rows["faster"]["verdict"] == "faster"
+    assert rows["base"]["verdict"] is None
     assert [rows[name]["status"] for name in CONFIGS] == ["passed", "passed", "passed", "failed"]
     assert "RuntimeError: boom at step 3" in rows["broken"]["failure"]
     assert rows["faster"]["diff"] == "t=0.5"
@@ -92,8 +101,13 @@ def test_every_format_is_written_and_parses_back(reported):
     assert pl.read_json(report_dir / "accuracy.json")["reward_last"].to_list() == pytest.approx(
         pl.read_parquet(report_dir / "accuracy.parquet")["reward_last"].to_list())
     markdown = (report_dir / "accuracy.md").read_text().splitlines()
-    assert markdown[0].startswith("| cell | status | steps | reward_first |")
-    assert markdown[2].startswith("| base | passed | 6 |")
+    assert markdown[0].startswith("| cell | status | seeds | steps | reward_first |")
+    assert markdown[2].startswith("| base | passed | 1 | 6 |")
+    # An interval reads beside its value, not in columns of its own.
+    throughput_md = (report_dir / "throughput.md").read_text()
+    assert "sec_per_step_lo" not in throughput_md and "| faster within" not in throughput_md
+    faster = next(line for line in throughput_md.splitlines() if line.startswith("| faster |"))
+    assert "-50.0% [" in faster and "| faster |" in faster and " ±" in faster
 
     # machine formats print data only: stdout parses as it is, what was written goes to stderr
     printed_csv = pl.read_csv(io.StringIO(outputs["csv"].stdout))
@@ -128,7 +142,7 @@ def test_bare_report_covers_the_grids_that_ran_and_skips_the_others(reported):
 
 ORDERED_GRID = """
     tbs = sk.axis("tbs", [512, 64, 128], id="tbs{tbs}")
-    sweep = sk.product(lr=[0.3, 0.03], seed=[10, 2], id="lr{lr}_s{seed}")
+    sweep = sk.product(lr=[0.3, 0.03], batch=[10, 2], id="lr{lr}_s{batch}")
     a_cell_with_a_name_long_enough_to_take_room = sk.cell(fail_at=2, note="a value long enough to crowd the diff column")
 """
 GRID_ORDER = ["base", "tbs512", "tbs64", "tbs128", "lr0.3_s10", "lr0.3_s2", "lr3e-2_s10", "lr3e-2_s2",
@@ -142,7 +156,7 @@ def ordered(tmp_path_factory):
 
     sweeper = Sweeper.new(tmp_path_factory.mktemp("ordered"))
     sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
-    script_grid(sweeper, "g", ORDERED_GRID, steps=3, sleep=0.0, tbs=32, lr=0.1, seed=0, note="")
+    script_grid(sweeper, "g", ORDERED_GRID, steps=3, sleep=0.0, tbs=32, lr=0.1, batch=0, note="")
     sweeper.grid("a_second", "import sweepkit as sk\ntarget = sk.command('{python}', '-c', 'pass')\n"
                              "base = sk.base(x=1)\nx = sk.axis('x', [30, 4])\n")
     listed = sweeper.run("list", "grids/g.py")
@@ -207,7 +221,7 @@ def test_labels_that_decide_bottleneck_collapse_and_how_many_steps(reported):
     rows = {row["cell"]: row for row in throughput.iter_rows(named=True)}
     # cell_program's split: generate 50 %, train 30 %, sync 10 % of each step
     assert {rows[name]["bottleneck"] for name in ("base", "faster")} == {"generate-bound"}
-    assert rows["base"]["timed_steps"] == 5 and rows["base"]["sec_per_step_sd"] > 0  # 6 steps, 1 warm-up
+    assert (rows["base"]["timed_steps"], rows["base"]["warmup_steps"]) == (5, 1)  # 6 steps, 1 warm-up
     assert rows["base"]["gpu_hours"] is None  # a CPU cell
     # its entropy is 1/step: from 1 to 1/6, below COLLAPSE_FRACTION of where it began
     collapse = dict(zip(accuracy["cell"], accuracy["entropy_collapse"]))
@@ -216,33 +230,39 @@ def test_labels_that_decide_bottleneck_collapse_and_how_many_steps(reported):
     assert "COLLAPSED" in outputs["table"].stdout
 
 
-def test_a_diff_of_inert_knobs_only_and_one_timed_step_are_said(tmp_path):
+def test_a_diff_of_inert_knobs_only_and_too_few_steps_are_no_finding(tmp_path):
     from sweepkit import state as st
     from sweepkit.report import cell_note, grid_tables
 
     grid = tmp_path / "g"
-    for name, diff in (("base", {}), ("gmu085", {"gpu_memory_utilization": [0.7, 0.85]})):
+    changes = {"base": {}, "gmu085": {"gpu_memory_utilization": [0.7, 0.85]}, "tbs64": {"train_batch_size": [32, 64]}}
+    for name, diff in changes.items():
         cell = grid / name
         cell.mkdir(parents=True)
         (cell / "cell.json").write_text(json.dumps({"nodeid": f"grids/g.py::{name}", "name": name, "diff": diff,
                                                     "config": {"model": "tiny-random"}, "profile": "smoke"}))
         info = {"kind": "info", "step": 0, "device": "cpu",
                 "inert_knobs": {"gpu_memory_utilization": {"value": 0.85, "changed": True, "reason": "cpu"}}}
-        steps = [{"kind": "train", "step": s, "timing/step": 1.0 + s, "timing/generate": 0.5} for s in (1, 2)]
+        # Two steps: the first 10x (warm-up), so one timed step: no interval.
+        steps = [{"kind": "train", "step": s, "timing/step": 10.0 / s ** 3.3, "timing/generate": 0.5} for s in (1, 2)]
         (cell / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [info, *steps]))
     assert cell_note(st.view(grid / "gmu085")) == "inert: gpu_memory_utilization had no effect in this run"
     assert cell_note(st.view(grid / "base")) is None
-    notes = dict(grid_tables(grid)["throughput"].select("cell", "note").iter_rows())
-    assert notes["gmu085"] == ("inert: gpu_memory_utilization had no effect in this run; "
-                               "vs base rests on 1 timed step")
-    assert notes["base"] is None
+    throughput = grid_tables(grid)["throughput"]
+    rows = {row["cell"]: row for row in throughput.iter_rows(named=True)}
+    assert rows["gmu085"]["note"] == "inert: gpu_memory_utilization had no effect in this run"
+    assert (rows["gmu085"]["verdict"], rows["tbs64"]["verdict"], rows["base"]["verdict"]) == (
+        "inert", "too few steps", None)
+    assert rows["tbs64"]["timed_steps"] == 1 and rows["tbs64"]["sec_per_step_lo"] is None
 
 
 def test_the_report_writes_one_html_page_with_the_curves(reported):
     sweeper, outputs = reported
     page = (sweeper.path / "runs" / "g" / "report" / "index.html").read_text()
     assert "index.html" in outputs["table"].stdout
-    assert page.count("<svg") == 4  # reward, pass@k, entropy, sec/step
+    # Δ vs base for sec/step and pass@k, then the curves: reward, pass@k, entropy, sec/step
+    assert page.count("<svg") == 6
+    assert "sec/step vs base (%)" in page and "faster" in page  # faster's -50 % is a finding
     for cell in ("base", "faster", "mirror_only", "broken"):
         assert cell in page
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
