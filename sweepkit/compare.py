@@ -4,24 +4,29 @@ The tables come from two runs dirs of a grid, or from git: :func:`committed_tabl
 the report tables committed at a revision (``sweep compare v1:results/g HEAD:results/g``).
 
 For each numeric column ``c`` compared, the result has ``c_a``, ``c_b``, ``c_delta``
-(b - a), ``c_delta_pct`` (``c_delta / |a|`` in percent; null where a is 0), ``c_noise`` (the
-|Δ| that still counts as noise for that row) and ``c_differs``:
+(b - a), ``c_delta_lo`` / ``c_delta_hi`` (the interval of the Δ, where both tables hold the
+column's interval), ``c_delta_pct`` (``c_delta / |a|`` in percent; null where a is 0),
+``c_noise`` (the |Δ| that still counts as noise for that row, where no interval decides)
+and ``c_differs``:
 
-- true when |Δ| > noise, or when only one side has a value (a number appeared or vanished);
-- false when |Δ| <= noise;
+- true when the interval of Δ excludes 0 (or, without one, |Δ| > noise), or when only one
+  side has a value (a number appeared or vanished);
+- false otherwise;
 - null when neither side has a value, or the cell is on one side only.
 
 ``present`` says ``both``, ``a`` or ``b``: a cell on one side only keeps its row, its other
 side null. Rows follow ``a``'s order, then the cells only ``b`` has. ``status_a`` /
 ``status_b`` come along where the tables have a status.
 
-Noise. ``noise={"sec_per_step": 0.12}`` gives a column's noise as an absolute |Δ|, in the
-column's unit, measured from repeats: the same cells run again (:func:`noise_from_repeats`),
-or, what ``sweep compare`` uses, the cells of a grid that differ only in ``seed``
-(:func:`noise_from_seeds`: a grid repeats a cell by giving it seeds, ``sk.axis("seed",
-[1, 2, 3])`` next to base). A measured noise replaces the default rule of its column, also
-where it is smaller. A column without one takes :data:`DEFAULT_NOISE` (the rule where
-nothing was measured):
+Noise. The report's tables hold intervals for ``sec_per_step``, ``tok_per_s``, ``pass_at_k``
+and the Δ vs base columns (``sweepkit.intervals``): the seeds' spread where a row repeats
+a cell over seeds, its timed steps otherwise. The interval of a Δ between two tables comes
+from the two rows' intervals (MOVER, ``steadystate.difference``), each a row's own: with
+many cells compared, about one in twenty whose true value did not move still reads as
+moved at 95 %, so read a lone ``*`` with that in mind. ``noise={"sec_per_step": 0.12}``
+gives a column's noise as an absolute |Δ| instead, measured from whole repeats of the grid
+(:func:`noise_from_repeats`). A column with neither takes :data:`DEFAULT_NOISE` (the rule
+where nothing was measured):
 
 - timings, throughput, memory, KL, entropy, gradient norms and any other column: 5 % of
   |a| (run-to-run spread of step times on a shared node is a few percent);
@@ -43,12 +48,10 @@ import attrs
 import polars as pl
 
 from sweepkit.errors import UsageError, did_you_mean
+from sweepkit.renderers import BOUNDS, INTERVALS
 
 KEY = "cell"
 PRESENT = "present"
-SEED = "seed"
-# The outcomes whose numbers are a run's own: a failed repeat's step time is no noise.
-FINISHED = ("passed", "xpassed")
 
 
 @attrs.frozen(kw_only=True)
@@ -97,9 +100,14 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
     if bad:
         raise UsageError(f"compare: noise must be a number >= 0: {', '.join(bad)}")
 
+    # A column whose interval both tables hold is compared by the interval of its Δ.
+    with_bounds = [name for name in columns if name in INTERVALS
+                   and all(bound in frame.columns for frame in (a, b) for bound in INTERVALS[name])]
+    bounds = [bound for name in with_bounds for bound in INTERVALS[name]]
+
     def side(frame: pl.DataFrame, suffix: str) -> pl.LazyFrame:
         status = [pl.col("status").alias(f"status_{suffix}")] if "status" in frame.columns else []
-        values = _numbers(frame, columns, suffix=f"_{suffix}")
+        values = _numbers(frame, [*columns, *bounds], suffix=f"_{suffix}")
         return frame.lazy().select(pl.col(KEY), pl.lit(True).alias(f"_in_{suffix}"), *status, *values)
 
     joined = side(a, "a").join(side(b, "b"), on=KEY, how="full", coalesce=True, maintain_order="left_right")
@@ -110,14 +118,19 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
     for name in columns:
         value_a, value_b = pl.col(f"{name}_a"), pl.col(f"{name}_b")
         delta = value_b - value_a
-        threshold = (pl.lit(float(noise[name])) if name in noise
-                     else DEFAULT_NOISE.get(name, OTHER).expr(value_a))
+        low, high = _moved(name) if name in with_bounds else (pl.lit(None, dtype=pl.Float64),) * 2
+        bounded = low.is_not_null() & high.is_not_null() if name not in noise else pl.lit(False)
+        # A row without an interval (one timed step) falls back on the noise given or the default rule.
+        rule = pl.lit(float(noise[name])) if name in noise else DEFAULT_NOISE.get(name, OTHER).expr(value_a)
+        threshold = pl.when(bounded).then(pl.lit(None, dtype=pl.Float64)).otherwise(rule)
         one_sided = value_a.is_null() != value_b.is_null()
+        beyond = pl.when(bounded).then((low > 0) | (high < 0)).otherwise(delta.abs() > rule)
         differs = (pl.when(~both | (value_a.is_null() & value_b.is_null())).then(pl.lit(None, dtype=pl.Boolean))
                    .when(one_sided).then(pl.lit(True))
-                   .otherwise(delta.abs() > threshold))
+                   .otherwise(beyond))
         per_column += [
-            value_a, value_b, delta.alias(f"{name}_delta"),
+            value_a, value_b, delta.alias(f"{name}_delta"), low.alias(f"{name}_delta_lo"),
+            high.alias(f"{name}_delta_hi"),
             pl.when(value_a != 0).then(delta / value_a.abs() * 100).alias(f"{name}_delta_pct"),
             threshold.alias(f"{name}_noise"), differs.alias(f"{name}_differs"),
         ]
@@ -126,10 +139,23 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
     return joined.select(pl.col(KEY), present.alias(PRESENT), *status, *per_column).collect()
 
 
+def _moved(name: str) -> tuple[pl.Expr, pl.Expr]:
+    """The interval of b - a from the two sides' intervals (MOVER, ``steadystate.difference``)."""
+    low_name, high_name = INTERVALS[name]
+    a, b = pl.col(f"{name}_a"), pl.col(f"{name}_b")
+    a_low, a_high, b_low, b_high = (pl.col(f"{bound}_{side}") for side, bound in
+                                    (("a", low_name), ("a", high_name), ("b", low_name), ("b", high_name)))
+    delta = b - a
+    low = delta - ((b - b_low) ** 2 + (a_high - a) ** 2).sqrt()
+    high = delta + ((b_high - b) ** 2 + (a - a_low) ** 2).sqrt()
+    return low, high
+
+
 def compared_columns(a: pl.DataFrame, b: pl.DataFrame, columns: Sequence[str] | None) -> list[str]:
-    """``columns`` checked against both tables, or (None) every numeric column both have."""
+    """``columns`` checked against both tables, or (None) every numeric column both have but
+    the bounds of intervals (they are compared with their value)."""
     def numeric(frame: pl.DataFrame) -> set[str]:
-        return {name for name, dtype in frame.schema.items() if dtype.is_numeric()}
+        return {name for name, dtype in frame.schema.items() if dtype.is_numeric() and name not in BOUNDS}
 
     if columns is None:
         shared = numeric(a) & numeric(b)
@@ -182,55 +208,6 @@ def noise_from_repeats(tables: Sequence[pl.DataFrame], *, columns: Sequence[str]
     return _pooled_noise(stacked, columns, spread)
 
 
-def setting() -> pl.Expr:
-    """A cell's ``diff`` (``key=value`` words) without its ``seed=``: the cells of a table
-    with the same setting are repeats of one another."""
-    return pl.col("diff").fill_null("").str.replace_all(rf"(?:^| ){SEED}=\S+", "").str.strip_chars()
-
-
-@attrs.frozen(kw_only=True)
-class SeedNoise:
-    """What :func:`noise_from_seeds` measured: the noise per column, and the groups of
-    repeats it rests on (each a side's cells that differ only in ``seed``)."""
-
-    noise: Mapping[str, float]
-    groups: tuple[tuple[str, tuple[str, ...]], ...]  # (side, cells)
-
-    def describe(self) -> str:
-        """One line saying what the noise rests on, for the output of ``sweep compare``."""
-        if not self.noise:
-            why = "no cells differ only in seed" if not self.groups else "the repeats have no values"
-            return (f"noise: no repeats ({why}); each column has its default rule (sweepkit.compare."
-                    "DEFAULT_NOISE: 5% of |a| for timings, 0.02 for rates and shares, any change of steps)")
-        runs = sum(len(cells) for _, cells in self.groups)
-        groups = "; ".join(f"{side}: {', '.join(cells)}" for side, cells in self.groups)
-        values = ", ".join(f"{name} ±{value:.3g}" for name, value in self.noise.items())
-        return (f"noise from repeats: {len(self.groups)} group(s) of cells that differ only in seed, {runs} finished "
-                f"runs ({groups}): 2 x sqrt(2) x their pooled sd: {values}; other columns: their default rule")
-
-
-def noise_from_seeds(tables: Mapping[str, pl.DataFrame], *, columns: Sequence[str],
-                     spread: float = 2.0) -> SeedNoise:
-    """Noise per column from the repeats within each table (side name -> report table with
-    ``diff``): cells whose diff differs only in ``seed`` and that finished (``passed``,
-    ``xpassed``) are one group; the groups of both sides are pooled (:func:`_pooled_noise`)."""
-    stacked, groups = [], []
-    for side, frame in tables.items():
-        if "diff" not in frame.columns:
-            continue
-        finished = pl.col("status").is_in(FINISHED) if "status" in frame.columns else pl.lit(True)
-        rows = frame.lazy().filter(finished).select(
-            pl.col(KEY), pl.concat_str([pl.lit(f"{side}:"), setting()]).alias("_group"), *_numbers(frame, columns))
-        repeated = rows.filter(pl.len().over("_group") > 1)
-        for cells in repeated.group_by("_group", maintain_order=True).agg(pl.col(KEY)).collect()[KEY]:
-            groups.append((side, tuple(cells)))
-        stacked.append(repeated)
-    if not groups:
-        return SeedNoise(noise={}, groups=())
-    return SeedNoise(noise=_pooled_noise(pl.concat(stacked, how="vertical_relaxed"), columns, spread),
-                     groups=tuple(groups))
-
-
 def committed_table(rootdir: Path, revision: str, path: str) -> dict[str, pl.DataFrame]:
     """The report tables committed at ``revision`` under ``path`` (a ``runs/<grid>`` dir,
     whose ``report/`` holds them, or that ``report/`` dir), read from git; parquet, else csv."""
@@ -262,6 +239,22 @@ def _number(value) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
+def noise_note(frame: pl.DataFrame) -> str:
+    """One line saying what told each compared column's Δ from the noise."""
+    columns = [name[: -len("_differs")] for name in frame.columns if name.endswith("_differs")]
+    by_interval = [name for name in columns if frame[f"{name}_delta_lo"].null_count() < frame.height]
+    by_rule = [name for name in columns if name not in by_interval]
+    parts = []
+    if by_interval:
+        parts.append(f"{', '.join(by_interval)}: the interval of Δ from both rows' intervals (the seeds' spread "
+                     f"where a row has seeds; else a time's timed steps, pass@k's eval sampling), the default rule "
+                     f"where a row has none")
+    if by_rule:
+        parts.append(f"{', '.join(by_rule)}: the default rule (sweepkit.compare.DEFAULT_NOISE: 5% of |a| for "
+                     f"timings, 0.02 for rates and shares, any change of steps) or the noise given")
+    return "noise: " + "; ".join(parts)
+
+
 def format_compare(frame: pl.DataFrame, noise_note: str | None = None) -> str:
     """A compact text of a :func:`compare` frame: the status (``a → b`` where it changed),
     per compared column ``a → b (Δ%)`` and a ``*`` where it differs beyond noise; then a
@@ -281,6 +274,7 @@ def format_compare(frame: pl.DataFrame, noise_note: str | None = None) -> str:
         for name in columns:
             a, b, pct, differs = (row[f"{name}_a"], row[f"{name}_b"], row[f"{name}_delta_pct"],
                                   row[f"{name}_differs"])
+            low, high = row.get(f"{name}_delta_lo"), row.get(f"{name}_delta_hi")
             if a is None and b is None:
                 cells.append("")
                 continue
@@ -289,6 +283,8 @@ def format_compare(frame: pl.DataFrame, noise_note: str | None = None) -> str:
                 text += f" ({pct:+.1f}%)"
             elif a is not None and b is not None:
                 text += f" ({b - a:+.4g})"
+            if low is not None and high is not None:
+                text += f" Δ [{low:+.3g}, {high:+.3g}]"
             if differs:
                 text += " *"
                 moved.append(name)

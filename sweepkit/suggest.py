@@ -1,5 +1,6 @@
-"""``sweep suggest``: the winner of each one-factor axis of a grid by one report column, and
-the combo cell that joins the winners' changes, as grid-file code to paste.
+"""``sweep suggest``: the winner of each one-factor axis of a grid by one report column,
+where the data can tell it from the noise, and the combo cell that joins the winners'
+changes, as grid-file code to paste.
 
 The rules:
 
@@ -8,23 +9,32 @@ The rules:
   axis, ``cudagraph`` (``enforce_eager``) another. A cell whose keys are exactly the union of
   two or more smaller groups' keys is a *combo* of those axes (``combo_B`` = ``cudagraph`` +
   ``tbs128``), not an axis: it is listed as measured, and takes no part in picking winners.
+  The repeats of a cell over seeds are its report row, not an axis of ``seed``.
 - **Options.** Each axis competes with ``base``, its "no change" option. Only cells that
   passed (``passed``, or ``xpassed``: an expected failure that ran to its end) and have a
   value in the column compete; the others are excluded and named with the reason (their
   status, "no <column>", "not in the report"). A table without a ``status`` column is taken
   as all passed. NaN counts as missing.
-- **Ties.** Equal values: ``base`` wins over a change (a change must earn its place), and
-  among changes the one first in the grid.
-- **No base value.** When ``base`` did not pass or has no value, each axis's best cell still
-  wins, with no "vs base", and the suggestion says so.
+- **Only on signal.** A change wins only when its Δ against base is a finding: for
+  ``sec_per_step`` (and ``delta_vs_base_pct``) and ``pass_at_k``, the report's verdict of
+  that row (its Δ interval excludes 0, at a level that holds for all the grid's
+  comparisons at once; ``sweepkit.intervals``), in the better direction; for a column the
+  report gives no interval, a move beyond ``sweepkit.compare.DEFAULT_NOISE`` (5 % of base's
+  value for timings, 0.02 for rates), said as such. A change whose knobs its run reported
+  as having no effect (verdict ``inert``) never wins. Among an axis's findings the best
+  value wins (ties: the first in the grid). An axis without a finding keeps base's value
+  and says why: "no winner (within noise)", "inert here", "too few steps" or "1 seed".
+- **No base value.** When ``base`` did not pass or has no value, nothing can be told from
+  the noise: no axis has a winner, and the suggestion says so.
 - **Joining.** Axes whose winner is ``base`` contribute nothing. Two winners that set the
   same key to different values conflict: the one with the better value is kept and the
   other dropped, with a note (setting a key to the same value is no conflict).
-- **The code.** One comment line per axis (its winner and the change vs base), then
-  ``<name> = sk.cell(key=value, ...)``; ``name`` is made unique against the grid's cell ids,
-  so that appending the code to the grid file adds one cell with exactly the joined changes.
-  When a measured cell already has exactly those changes, the suggestion says so (appending
-  would then be refused as two cells with the same config).
+- **The code.** One comment line per axis (its winner, its Δ vs base with the interval and
+  what it rests on: timed steps or seeds), then ``<name> = sk.cell(key=value, ...)``;
+  ``name`` is made unique against the grid's cell ids, so that appending the code to the
+  grid file adds one cell with exactly the joined changes. When a measured cell already
+  has exactly those changes, the suggestion says so (appending would then be refused as two
+  cells with the same config).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import attrs
 import polars as pl
 
 from sweepkit.cell import Cell
+from sweepkit.compare import DEFAULT_NOISE, OTHER
 from sweepkit.errors import UsageError, did_you_mean
 from sweepkit.report import BASE_CELL
 
@@ -60,13 +71,43 @@ DIRECTIONS = {
 
 
 @attrs.frozen(kw_only=True)
+class Signal:
+    """How the report tells a column's Δ vs base from the noise: the row's verdict column,
+    the words of a finding in each direction, and the Δ with its bounds (``scale``: 100 for
+    a Δ kept in percent)."""
+
+    verdict: str
+    lower: str  # the verdict of a lower value
+    higher: str
+    delta: tuple[str, str, str]
+    percent: bool
+
+
+SIGNALS = {
+    "sec_per_step": Signal(verdict="verdict", lower="faster", higher="slower",
+                           delta=("delta_vs_base_pct", "delta_vs_base_lo", "delta_vs_base_hi"), percent=True),
+    "pass_at_k": Signal(verdict="pass_at_k_verdict", lower="worse", higher="better",
+                        delta=("pass_at_k_vs_base", "pass_at_k_vs_base_lo", "pass_at_k_vs_base_hi"), percent=False),
+}
+SIGNALS["delta_vs_base_pct"] = SIGNALS["sec_per_step"]
+# What a row's verdict says when it is no finding, as an axis's reason to keep base.
+NO_FINDING = {"within noise": "no winner (within noise)", "inert": "inert here", "too few steps": "too few steps",
+              "1 seed": "1 seed: no seed spread measured (give base seeds=3)"}
+
+
+@attrs.frozen(kw_only=True)
 class Option:
-    """One competitor of an axis: a cell and its value (None where it is excluded)."""
+    """One competitor of an axis: a cell and its value (None where it is excluded), its Δ
+    vs base with its interval, what it rests on, and whether it is a finding."""
 
     cell: str
     value: float | None
     changes: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
     excluded: str | None = None  # why it does not compete
+    delta: tuple[float | None, float | None, float | None] | None = None  # value, low, high
+    verdict: str | None = None  # the report's word, or the default rule's
+    rests_on: str = ""  # "18 timed steps", "3 seeds"
+    finding: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -79,8 +120,9 @@ class Axis:
     options: tuple[Option, ...]
     winner: str | None
     value: float | None
-    tied: tuple[str, ...] = ()  # the other cells with the winning value
+    tied: tuple[str, ...] = ()  # the other findings with the winning value
     dropped: str | None = None  # the conflict that kept the winner's changes out
+    why: str | None = None  # why base is kept: no finding among the options
 
     @property
     def winner_option(self) -> Option | None:
@@ -97,6 +139,7 @@ class Suggestion:
     column: str
     lower_is_better: bool
     base_value: float | None
+    base_rests_on: str
     axes: tuple[Axis, ...]
     changes: Mapping[str, Any] = attrs.field(converter=dict)  # the joined changes, key -> value
     joined: tuple[str, ...]  # the winning cells whose changes are in ``changes``
@@ -104,6 +147,7 @@ class Suggestion:
     notes: tuple[str, ...]
     name: str
     same_as: str | None  # a measured cell with exactly ``changes``
+    rule: str  # how a change was told from the noise
 
     @property
     def code(self) -> str:
@@ -114,12 +158,13 @@ class Suggestion:
 def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
             lower_is_better: bool | None = None, name: str = DEFAULT_NAME) -> Suggestion:
     """The winner of each one-factor axis of the grid of ``cells`` by ``column`` of
-    ``table`` (a ``grid_tables`` frame: one row per cell), and the combo that joins them.
+    ``table`` (the report's tables of the grid, joined: one row per cell, its repeats over
+    seeds folded in), and the combo that joins them.
 
     ``lower_is_better`` may be left out for the columns of :data:`DIRECTIONS`.
     """
     lower_is_better = _direction(table, column, lower_is_better)
-    cells = list(cells)
+    cells = [cell for cell in cells if getattr(cell, "group", cell.name) == cell.name]  # a row per repeat group
     grids = {cell.grid for cell in cells}
     if len(grids) > 1:
         raise UsageError(f"suggest: cells of one grid expected, got {', '.join(sorted(grids))}")
@@ -127,17 +172,33 @@ def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
     if base is None:
         raise UsageError("suggest: the grid has no base cell")
     rows = _rows(table, column)
+    signal = SIGNALS.get(column)
+    if signal is not None and signal.verdict not in table.columns:
+        signal = None  # a table made before the report had intervals: the default rule
+    good = None if signal is None else signal.lower if lower_is_better else signal.higher
+    base_row = rows.get(BASE_CELL, {})
+    base_value = base_row.get("value") if base_row.get("status") in PASSING else None
 
     def option(cell: Cell) -> Option:
         changes = {key: after for key, (_, after) in cell.diff.items()}
-        if cell.name not in rows:
+        row = rows.get(cell.name)
+        if row is None:
             return Option(cell=cell.name, value=None, changes=changes, excluded="not in the report")
-        status, value = rows[cell.name]
+        status, value = row["status"], row["value"]
         if status not in PASSING:
             return Option(cell=cell.name, value=None, changes=changes, excluded=status or "no status")
         if value is None:
             return Option(cell=cell.name, value=None, changes=changes, excluded=f"no {column}")
-        return Option(cell=cell.name, value=value, changes=changes)
+        if cell.name == BASE_CELL:
+            return Option(cell=cell.name, value=value, changes=changes, rests_on=row["rests_on"])
+        if signal is not None:
+            delta = tuple(row.get(name) for name in signal.delta)
+            verdict = row.get(signal.verdict)
+            finding = verdict == good and base_value is not None
+        else:
+            verdict, delta, finding = _default_rule(column, value, base_value, lower_is_better, row.get("inert"))
+        return Option(cell=cell.name, value=value, changes=changes, delta=delta, verdict=verdict,
+                      rests_on=row["rests_on"], finding=finding)
 
     base_option = option(base)
     others = sorted((cell for cell in cells if cell is not base and cell.diff),
@@ -149,7 +210,7 @@ def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
     notes = []
     if base_option.excluded is not None:
         notes.append(f"base has no {column} to compare with ({base_option.excluded}): "
-                     "each axis's best cell wins unchecked")
+                     "no change can be told from the noise, so no axis has a winner")
     axes = [_axis(group, base_option, option, lower_is_better)
             for keys, group in groups.items() if keys not in combo_keys]
     axes, changes, joined, conflict_notes = _join(axes, lower_is_better)
@@ -160,31 +221,68 @@ def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
     unique, counter = name, 2
     while unique in taken:
         unique, counter = f"{name}_{counter}", counter + 1
-    return Suggestion(column=column, lower_is_better=lower_is_better, base_value=base_option.value,
-                      axes=tuple(axes), changes=changes, joined=tuple(joined), combos=combos,
-                      notes=tuple(notes), name=unique, same_as=same_as)
+    rule = (f"a change counts when the report's interval of its Δ vs base excludes 0 ({signal.verdict})"
+            if signal is not None else
+            f"{column} has no interval in the report: a change counts beyond the default noise rule "
+            f"(sweepkit.compare.DEFAULT_NOISE: {_rule_text(column)})")
+    return Suggestion(column=column, lower_is_better=lower_is_better, base_value=base_value,
+                      base_rests_on=base_option.rests_on, axes=tuple(axes), changes=changes, joined=tuple(joined),
+                      combos=combos, notes=tuple(notes), name=unique, same_as=same_as, rule=rule)
+
+
+def _rule_text(column: str) -> str:
+    noise = DEFAULT_NOISE.get(column, OTHER)
+    return f"{noise.relative:.0%} of base" if noise.relative else f"{noise.absolute:g} absolute"
+
+
+def _default_rule(column: str, value: float, base: float | None, lower_is_better: bool, inert: bool):
+    """(verdict, Δ, finding) of a column the report gives no interval: the compare rule."""
+    if base is None:
+        return None, None, False
+    if inert:
+        return "inert", (value - base, None, None), False
+    noise = DEFAULT_NOISE.get(column, OTHER)
+    threshold = max(noise.absolute, noise.relative * abs(base))
+    move = value - base
+    if abs(move) <= threshold:
+        return "within noise", (move, None, None), False
+    better = move < 0 if lower_is_better else move > 0
+    return ("better" if better else "worse"), (move, None, None), better
 
 
 def _direction(table: pl.DataFrame, column: str, lower_is_better: bool | None) -> bool:
     if column not in table.columns:
-        raise UsageError(f"suggest: no column {column!r} in the table{did_you_mean(column, table.columns)}")
+        raise UsageError(f"suggest: --by {column}: no such column in the report{did_you_mean(column, table.columns)}")
     if not table.schema[column].is_numeric():
-        raise UsageError(f"suggest: column {column!r} is not numeric ({table.schema[column]})")
+        raise UsageError(f"suggest: --by {column}: the column is not numeric ({table.schema[column]})")
     if lower_is_better is None:
         if column not in DIRECTIONS:
-            raise UsageError(f"suggest: say whether lower or higher {column} is better "
-                             f"(known: {', '.join(DIRECTIONS)})")
+            raise UsageError(f"suggest: --by {column}: say whether lower or higher {column} is better "
+                             f"(--lower or --higher; known: {', '.join(DIRECTIONS)})")
         return DIRECTIONS[column]
     return lower_is_better
 
 
-def _rows(table: pl.DataFrame, column: str) -> dict[str, tuple[str | None, float | None]]:
-    """cell -> (status, value): the value None where missing or NaN."""
-    status = pl.col("status") if "status" in table.columns else pl.lit(PASSING[0])
-    frame = table.select(pl.col("cell"), status.alias("status"), pl.col(column).cast(pl.Float64).alias("value"))
+def _rows(table: pl.DataFrame, column: str) -> dict[str, dict[str, Any]]:
+    """cell -> its row: ``status``, ``value`` (None where missing or NaN), ``rests_on`` and
+    the columns a signal reads."""
     out = {}
-    for cell, state, value in frame.iter_rows():
-        out[cell] = (state, None if value is None or math.isnan(value) else value)
+    for row in table.iter_rows(named=True):
+        value = row.get(column)
+        value = None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+        status = row.get("status", PASSING[0]) if "status" in table.columns else PASSING[0]
+        seeds, steps = row.get("seeds"), row.get("timed_steps")
+        if seeds and seeds > 1:
+            rests_on = f"{seeds} seeds"
+        elif column in ("sec_per_step", "delta_vs_base_pct", "tok_per_s") and steps:
+            rests_on = f"{steps} timed step{'' if steps == 1 else 's'}"
+        elif column == "pass_at_k" and row.get("eval_prompts"):
+            rests_on = f"1 seed, {row['eval_prompts']} prompts"
+        else:
+            rests_on = ""
+        verdicts = [row.get(name) for name in ("verdict", "pass_at_k_verdict")]
+        out[row["cell"]] = {**row, "status": status, "value": value, "rests_on": rests_on,
+                            "inert": "inert" in verdicts}
     return out
 
 
@@ -213,10 +311,27 @@ def _axis(group: list[Cell], base_option: Option, option, lower_is_better: bool)
     competing = [o for o in options if o.value is not None]
     if not competing:
         return Axis(keys=keys, name=name, options=options, winner=None, value=None)
-    best = min(o.value for o in competing) if lower_is_better else max(o.value for o in competing)
-    # base first, then grid order: the first with the best value wins a tie.
-    tied = [o.cell for o in competing if o.value == best]
+    findings = [o for o in competing if o.finding]
+    if not findings:
+        why = f"no base value to compare with ({base_option.excluded})" if base_option.excluded else \
+            _no_winner(options)
+        return Axis(keys=keys, name=name, options=options, winner=BASE_CELL, value=base_option.value, why=why)
+    best = min(o.value for o in findings) if lower_is_better else max(o.value for o in findings)
+    tied = [o.cell for o in findings if o.value == best]  # grid order: the first wins a tie
     return Axis(keys=keys, name=name, options=options, winner=tied[0], value=best, tied=tuple(tied[1:]))
+
+
+def _no_winner(options: Sequence[Option]) -> str:
+    """Why an axis keeps base: what its options' verdicts say."""
+    verdicts = [o.verdict for o in options if o.cell != BASE_CELL and o.value is not None]
+    if not verdicts:
+        return "nothing to compare with base"
+    if all(verdict == "inert" for verdict in verdicts):
+        return NO_FINDING["inert"]
+    for verdict in ("within noise", "1 seed", "too few steps"):
+        if verdict in verdicts:
+            return NO_FINDING[verdict]
+    return "no change beats base"
 
 
 def _join(axes: list[Axis], lower_is_better: bool):
@@ -268,17 +383,29 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def _versus(value: float | None, base: float | None) -> str:
-    if value is None or base is None:
+def _delta_text(option: Option, s: Suggestion) -> str:
+    """``-20.0% [-22.1, -17.8] vs base`` (or the Δ without bounds), and what it rests on."""
+    if option.delta is None or option.delta[0] is None:
         return ""
-    if base > 0:
-        return f" ({(value / base - 1) * 100:+.1f}% vs base)"
-    return f" ({value - base:+.4g} vs base {_number(base)})"
+    value, low, high = option.delta
+    percent = s.column in ("sec_per_step", "delta_vs_base_pct")
+    form = "+.1f" if percent else "+.3g"
+    text = format(value, form) + ("%" if percent else "")
+    if low is not None or high is not None:
+        text += f" [{'?' if low is None else format(low, form)}, {'?' if high is None else format(high, form)}]"
+    rests = f"; {option.rests_on}, base {s.base_rests_on}" if option.rests_on and s.base_rests_on else ""
+    return f"{text} vs base{rests}"
+
+
+def _option_text(option: Option, s: Suggestion) -> str:
+    delta = _delta_text(option, s)
+    verdict = f" {option.verdict}" if option.verdict and not option.finding else ""
+    return f"{option.cell} {_number(option.value)}" + (f" ({delta})" if delta else "") + verdict
 
 
 def _axis_line(axis: Axis, s: Suggestion) -> str:
-    others = ", ".join(f"{o.cell} {_number(o.value)}" for o in axis.options
-                       if o.cell != axis.winner and o.value is not None)
+    others = ", ".join(_option_text(o, s) for o in axis.options
+                       if o.cell not in (axis.winner, BASE_CELL) and o.value is not None)
     excluded = ", ".join(f"{o.cell}: {o.excluded}" for o in axis.options
                          if o.excluded is not None and o.cell != BASE_CELL)
     tail = "".join([f"; {others}" if others else "", f"; excluded {excluded}" if excluded else ""])
@@ -286,11 +413,11 @@ def _axis_line(axis: Axis, s: Suggestion) -> str:
         return f"{axis.name}: nothing to compare{tail}"
     tie = f", tied with {', '.join(axis.tied)}" if axis.tied else ""
     if axis.winner == BASE_CELL:
-        return f"{axis.name}: base wins {_number(axis.value)}{tie}{tail}"
+        return f"{axis.name}: {axis.why}, base kept{tail.replace('; ', ': ', 1)}"
+    winner = axis.winner_option
     changes = " ".join(f"{key}={value!r}" for key, value in axis.changes.items())
     dropped = "; dropped (conflict)" if axis.dropped else ""
-    return (f"{axis.name}: {axis.winner} {_number(axis.value)}{_versus(axis.value, s.base_value)}"
-            f" [{changes}]{tie}{tail}{dropped}")
+    return f"{axis.name}: {_option_text(winner, s)} [{changes}]{tie}{tail}{dropped}"
 
 
 def _literal(value: Any) -> str:
@@ -304,15 +431,16 @@ def _literal(value: Any) -> str:
 
 def _code(s: Suggestion) -> str:
     direction = "lower" if s.lower_is_better else "higher"
-    lines = [f"# Suggested by {s.column} ({direction} is better), base {_number(s.base_value)}:"]
+    rests = f" ({s.base_rests_on})" if s.base_rests_on else ""
+    lines = [f"# Suggested by {s.column} ({direction} is better), base {_number(s.base_value)}{rests};",
+             f"# {s.rule}:"]
     lines += [f"#   {_axis_line(axis, s)}" for axis in s.axes]
     if s.combos:
         lines.append("#   measured combos: " + ", ".join(
-            f"{o.cell} {_number(o.value)}{_versus(o.value, s.base_value)}" if o.value is not None
-            else f"{o.cell} ({o.excluded})" for o in s.combos))
+            _option_text(o, s) if o.value is not None else f"{o.cell} ({o.excluded})" for o in s.combos))
     lines += [f"# {note}" for note in s.notes]
     if not s.changes:
-        lines.append("# no axis beats base: no combo to suggest")
+        lines.append("# no axis beats base beyond the noise: no combo to suggest")
         return "\n".join(lines) + "\n"
     if s.same_as:
         lines.append(f"# {s.same_as} already has exactly these changes")
@@ -329,8 +457,7 @@ def _code(s: Suggestion) -> str:
             written.update(own)
             keys = "".join(f"{key}={_literal(s.changes[key])}, " for key in own).rstrip()
             spacing = "  " if keys else ""
-            lines.append(f"    {keys}{spacing}# {axis.winner} {_number(axis.value)}"
-                         f"{_versus(axis.value, s.base_value)}")
+            lines.append(f"    {keys}{spacing}# {_option_text(axis.winner_option, s)}")
     lines.append(")")
     return "\n".join(lines) + "\n"
 

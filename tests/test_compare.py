@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 from test_run import cpu_sweeper, script_grid  # noqa: F401 - a fixture
 
-from sweepkit.compare import compare, format_compare, noise_from_repeats, noise_from_seeds
+from steadystate import Interval, difference
+from sweepkit.compare import compare, format_compare, noise_from_repeats, noise_note
 from sweepkit.errors import UsageError
 from sweepkit.report import grid_tables
 
@@ -106,34 +107,30 @@ def test_noise_from_repeats_is_the_pooled_spread_of_a_difference():
         noise_from_repeats(runs[:1], columns=["sec_per_step"])
 
 
-SEEDED = pl.DataFrame({
-    "cell": ["base", "seed1", "seed2", "fast", "fast_seed1", "dead_seed", "data_seed1"],
-    "status": ["passed", "passed", "passed", "passed", "passed", "failed", "passed"],
-    "diff": ["", "seed=1", "seed=2", "x=1", "x=1 seed=1", "seed=3", "data_seed=1"],
-    "sec_per_step": [1.0, 1.2, 0.8, 0.5, 0.7, 9.0, 3.0],
-})
-
-
-def test_noise_from_seeds_pools_the_cells_that_differ_only_in_seed():
-    measured = noise_from_seeds({"a": SEEDED}, columns=["sec_per_step"])
-    # base/seed1/seed2: variance 0.04 on 2 degrees of freedom; fast/fast_seed1: 0.02 on 1.
-    # The failed repeat is no noise, and data_seed is another key than seed.
-    assert measured.groups == (("a", ("base", "seed1", "seed2")), ("a", ("fast", "fast_seed1")))
-    assert measured.noise["sec_per_step"] == pytest.approx(2 * math.sqrt(2) * math.sqrt((2 * 0.04 + 0.02) / 3))
-    steady = pl.DataFrame({"cell": ["base", "seed1"], "status": ["passed"] * 2, "diff": ["", "seed=1"],
-                           "sec_per_step": [2.0, 2.0]})
-    both = noise_from_seeds({"a": SEEDED, "b": steady}, columns=["sec_per_step"])
-    assert both.noise["sec_per_step"] == pytest.approx(2 * math.sqrt(2) * math.sqrt(0.1 / 4))
-    assert both.describe().startswith("noise from repeats: 3 group(s) of cells that differ only in seed, 7 finished "
-                                      "runs (a: base, seed1, seed2; a: fast, fast_seed1; b: base, seed1)")
-    assert "sec_per_step ±0.447" in both.describe()
-    # a Δ of 0.4 is noise by the repeats (0.447), a difference by the default rule (5 % of 1.0)
-    moved = SEEDED.with_columns(pl.col("sec_per_step") + 0.4)
-    assert not compare(SEEDED, moved, columns=["sec_per_step"], noise=both.noise)["sec_per_step_differs"].any()
-    by_default = compare(SEEDED, moved, columns=["sec_per_step"]).filter(pl.col("cell") != "dead_seed")  # 5 % of 9.0
-    assert by_default["sec_per_step_differs"].all()
-    none = noise_from_seeds({"a": A, "b": B}, columns=["sec_per_step"])
-    assert none.noise == {} and none.describe().startswith("noise: no repeats (no cells differ only in seed)")
+def test_intervals_on_both_sides_decide_by_the_interval_of_the_delta():
+    a = pl.DataFrame({"cell": ["wide", "tight", "bare"], "sec_per_step": [1.0, 1.0, 1.0],
+                      "sec_per_step_lo": [0.9, 0.99, None], "sec_per_step_hi": [1.1, 1.01, None]})
+    b = pl.DataFrame({"cell": ["wide", "tight", "bare"], "sec_per_step": [1.12, 1.05, 1.2],
+                      "sec_per_step_lo": [1.02, 1.04, None], "sec_per_step_hi": [1.22, 1.06, None]})
+    frame = compare(a, b)
+    assert [name for name in frame.columns if name.endswith("_differs")] == ["sec_per_step_differs"]  # no bounds
+    wide, tight, bare = row(frame, "wide"), row(frame, "tight"), row(frame, "bare")
+    # +12 %, beyond the default 5 % rule, but inside the noise both intervals show.
+    assert wide["sec_per_step_differs"] is False and wide["sec_per_step_noise"] is None
+    for name, side in (("wide", wide), ("tight", tight)):
+        expected = difference(*(Interval(value=frame_row["sec_per_step"], low=frame_row["sec_per_step_lo"],
+                                         high=frame_row["sec_per_step_hi"], level=0.95)
+                                for frame_row in (row(a, name), row(b, name))))
+        assert (side["sec_per_step_delta_lo"], side["sec_per_step_delta_hi"]) == pytest.approx(
+            (expected.low, expected.high))
+    assert wide["sec_per_step_delta_lo"] < 0 < wide["sec_per_step_delta_hi"]
+    assert tight["sec_per_step_differs"] is True and tight["sec_per_step_delta_lo"] > 0  # +5 %, tightly measured
+    # A row without an interval (one timed step) falls back on the default rule.
+    assert bare["sec_per_step_differs"] is True and bare["sec_per_step_noise"] == pytest.approx(0.05)
+    assert bare["sec_per_step_delta_lo"] is None
+    text = format_compare(frame, noise_note(frame))
+    assert "1 → 1.05 (+5.0%) Δ [+0.0359, +0.0641] *" in text
+    assert text.splitlines()[-1].startswith("noise: sec_per_step: the interval of Δ from both rows' intervals")
 
 
 def test_format_marks_differences_and_one_sided_cells():

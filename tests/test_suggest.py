@@ -42,12 +42,38 @@ def collect_cells(sweeper, name="g"):
     return list(collect(session, [str(grid)]).cells)
 
 
-def table(values: dict, status: dict | None = None, column: str = "sec_per_step") -> pl.DataFrame:
+def table(values: dict, status: dict | None = None, column: str = "sec_per_step", noise: float = 2.0,
+          inert: tuple[str, ...] = ()) -> pl.DataFrame:
+    """A report table of ``values``; for sec_per_step, with the report's Δ vs base, its
+    interval (±``noise`` points, as a grid whose cells are all measured that well) and verdict."""
     names = list(values)
     status = status or {}
-    return pl.DataFrame({"cell": names, "status": [status.get(n, "passed") for n in names],
-                         column: [values[n] for n in names], "diff": [""] * len(names)},
-                        schema_overrides={column: pl.Float64})
+    frame = pl.DataFrame({"cell": names, "status": [status.get(n, "passed") for n in names],
+                          column: [values[n] for n in names], "diff": [""] * len(names), "seeds": [1] * len(names),
+                          "timed_steps": [20] * len(names)},
+                         schema_overrides={column: pl.Float64})
+    if column != "sec_per_step":
+        return frame
+    base = values.get("base")
+    deltas, verdicts = [], []
+    for name in names:
+        value = values[name]
+        missing = base is None or value is None or math.isnan(value) or name == "base"
+        delta = None if missing else (value / base - 1) * 100
+        deltas.append(delta)
+        if delta is None:
+            verdicts.append(None)
+        elif name in inert:
+            verdicts.append("inert")
+        elif abs(delta) <= noise:
+            verdicts.append("within noise")
+        else:
+            verdicts.append("faster" if delta < 0 else "slower")
+    return frame.with_columns(
+        pl.Series("delta_vs_base_pct", deltas, dtype=pl.Float64),
+        pl.Series("delta_vs_base_lo", [d - noise if d is not None else None for d in deltas], dtype=pl.Float64),
+        pl.Series("delta_vs_base_hi", [d + noise if d is not None else None for d in deltas], dtype=pl.Float64),
+        pl.Series("verdict", verdicts, dtype=pl.String))
 
 
 def changes_of(cell) -> dict:
@@ -86,9 +112,10 @@ def test_winner_per_axis_and_the_code_collects_as_exactly_the_winners_changes(gr
     assert s.joined == ("tbs128", "cudagraph", "2xTP2")
     assert s.changes == {"tbs": 128, "pmbs": 128, "eager": False, "engines": 2, "tp": 2}
     code = format_suggestion(s)
-    assert "#   tbs: tbs128 4 (-20.0% vs base)" in code
-    assert "#   cudagraph: cudagraph 2.5 (-50.0% vs base)" in code
-    assert "#   gmu: base wins 5" in code
+    assert "#   tbs: tbs128 4 (-20.0% [-22.0, -18.0] vs base; 20 timed steps, base 20 timed steps)" in code
+    assert "#   cudagraph: cudagraph 2.5 (-50.0% [-52.0, -48.0] vs base;" in code
+    assert "#   gmu: no change beats base, base kept: gmu080 5.2 (+4.0% [+2.0, +6.0] vs base;" in code
+    assert "#   micro: no winner (within noise), base kept: micro 5 (+0.0% [-2.0, +2.0]" in code
     ast.parse(code)
     cell = collect_with(sweeper, code, "combo_suggested")
     assert changes_of(cell) == s.changes
@@ -96,9 +123,12 @@ def test_winner_per_axis_and_the_code_collects_as_exactly_the_winners_changes(gr
 
 def test_higher_is_better_is_known_for_throughput_and_the_code_fits_one_line(grid):
     sweeper, cells = grid
-    tokens = {name: 1000.0 for name in CELLS} | {"micro": 1100.0, "gmu080": 1050.0}
+    # tok_per_s has no Δ interval in the report: the default rule (5 % of base) decides.
+    tokens = {name: 1000.0 for name in CELLS} | {"micro": 1100.0, "gmu080": 1060.0, "tbs64": 1040.0}
     s = suggest(cells, table(tokens, column="tok_per_s"), column="tok_per_s")  # direction from DIRECTIONS
     assert s.lower_is_better is False
+    assert "tok_per_s has no interval in the report: a change counts beyond the default noise rule" in s.code
+    assert {axis.name: axis.why for axis in s.axes}["tbs"] == "no winner (within noise)"  # +4 %
     assert s.changes == {"gmu": 0.8, "micro": 16}
     line = [line for line in s.code.splitlines() if not line.startswith("#")]
     assert line == ["combo_suggested = sk.cell(gmu=0.8, micro=16)  # tok_per_s: joins gmu080, micro"]
@@ -111,14 +141,15 @@ def test_ties_go_to_base_then_to_the_first_cell_of_the_grid(grid):
     s = suggest(cells, table(times), column="sec_per_step", lower_is_better=True)
     axes = {axis.name: axis for axis in s.axes}
     assert axes["tbs"].winner == "tbs64" and axes["tbs"].tied == ("tbs128",)
-    assert axes["cudagraph"].winner == "base" and axes["cudagraph"].tied == ("cudagraph",)
+    assert axes["cudagraph"].winner == "base" and axes["cudagraph"].why == "no winner (within noise)"  # Δ 0
     assert "eager" not in s.changes
-    assert "#   tbs: tbs64 4 (-20.0% vs base) [tbs=64 pmbs=64], tied with tbs128" in s.code
+    assert "#   tbs: tbs64 4 (-20.0% [-22.0, -18.0] vs base; 20 timed steps, base 20 timed steps) " \
+           "[tbs=64 pmbs=64], tied with tbs128" in s.code
 
 
 def test_failed_missing_nan_and_unreported_cells_do_not_compete_and_are_named(grid):
     sweeper, cells = grid
-    times = dict(TIMES) | {"tbs256": 1.0, "gmu080": None, "gmu085": math.nan, "cudagraph": 1.5, "1xTP4": 4.9}
+    times = dict(TIMES) | {"tbs256": 1.0, "gmu080": None, "gmu085": math.nan, "cudagraph": 1.5, "1xTP4": 4.7}
     del times["micro"]
     status = {"tbs256": "failed", "cudagraph": "xpassed", "2xTP2": "running"}
     s = suggest(cells, table(times, status), column="sec_per_step", lower_is_better=True)
@@ -171,14 +202,26 @@ def test_base_wins_everywhere_gives_comments_only(grid):
     assert "no axis beats base" in s.code
 
 
-def test_without_a_base_value_winners_are_unchecked(grid):
+def test_without_a_base_value_nothing_wins(grid):
     _, cells = grid
     s = suggest(cells, table(TIMES, {"base": "failed"}), column="sec_per_step", lower_is_better=True)
-    assert s.base_value is None
-    assert s.notes[0] == "base has no sec_per_step to compare with (failed): each axis's best cell wins unchecked"
-    axes = {axis.name: axis.winner for axis in s.axes}
-    assert axes["gmu"] == "gmu080" and axes["micro"] == "micro"
-    assert "vs base" not in "\n".join(line for line in s.code.splitlines() if "measured" not in line)
+    assert s.base_value is None and s.changes == {}
+    assert s.notes[0] == ("base has no sec_per_step to compare with (failed): no change can be told from the "
+                          "noise, so no axis has a winner")
+    assert {axis.why for axis in s.axes} == {"no base value to compare with (failed)"}
+
+
+def test_only_findings_win_and_an_inert_knob_never(grid):
+    _, cells = grid
+    # cudagraph's -50 % was measured on a run that reported enforce_eager as inert: noise by definition.
+    times = TIMES | {"2xTP2": 4.95, "1xTP4": 5.05}
+    s = suggest(cells, table(times, inert=("cudagraph",)), column="sec_per_step", lower_is_better=True)
+    axes = {axis.name: axis for axis in s.axes}
+    assert axes["cudagraph"].winner == "base" and axes["cudagraph"].why == "inert here"
+    assert axes["layout"].winner == "base" and axes["layout"].why == "no winner (within noise)"
+    assert s.changes == {"tbs": 128, "pmbs": 128}
+    assert "#   cudagraph: inert here, base kept: cudagraph 2.5 (-50.0% [-52.0, -48.0] vs base; " in s.code
+    assert "inert" in s.code.splitlines()[2 + [a.name for a in s.axes].index("cudagraph")]
 
 
 def test_a_measured_combo_with_the_same_changes_and_a_taken_name(sweeper):
@@ -195,28 +238,29 @@ def test_a_measured_combo_with_the_same_changes_and_a_taken_name(sweeper):
 def test_columns_are_checked(grid):
     _, cells = grid
     frame = table(TIMES).with_columns(pl.col("sec_per_step").alias("grad_norm_max"))
-    with pytest.raises(UsageError, match="say whether lower or higher grad_norm_max is better"):
+    with pytest.raises(UsageError, match="--by grad_norm_max: say whether lower or higher grad_norm_max is better "
+                                         r"\(--lower or --higher"):
         suggest(cells, frame, column="grad_norm_max")
     assert suggest(cells, frame, column="grad_norm_max", lower_is_better=True).changes  # any numeric column
-    with pytest.raises(UsageError, match="no column 'sec_per_stp'.*did you mean 'sec_per_step'"):
+    with pytest.raises(UsageError, match="--by sec_per_stp: no such column in the report.*did you mean 'sec_per_step'"):
         suggest(cells, frame, column="sec_per_stp")
-    with pytest.raises(UsageError, match="'diff' is not numeric"):
+    with pytest.raises(UsageError, match="--by diff: the column is not numeric"):
         suggest(cells, frame, column="diff", lower_is_better=True)
 
 
 def test_on_the_report_of_a_real_run(cpu_sweeper):
-    # The tables `sweep report` builds: real statuses and sec_per_step medians.
+    # The tables `sweep report` builds: real statuses, steady means, intervals and verdicts.
     script_grid(cpu_sweeper, "g", """
         t = sk.axis("t", [0.5, 2.0])
-        steps = sk.axis("steps", [2, 4])  # step times grow by 1 % a step: 2 steps have the lowest median
+        steps = sk.axis("steps", [2, 4])  # 1 and 3 timed steps against base's 7: no finding
         broken = sk.cell(t=0.1, fail_at=2)
-    """, steps=3, t=1.0, sleep=0.0)
+    """, steps=8, t=1.0, sleep=0.0)
     assert cpu_sweeper.run("run", "--executor", "debug").ret == 1  # broken fails
     throughput = grid_tables(cpu_sweeper.path / "runs" / "g")["throughput"]
     s = suggest(collect_cells(cpu_sweeper), throughput, column="sec_per_step")
     axes = {axis.name: axis for axis in s.axes}
     assert axes["t"].winner == "t0.5"
     assert [(o.cell, o.excluded) for o in axes["broken"].options] == [("base", None), ("broken", "failed")]
-    assert axes["steps"].winner == "steps2"
-    assert s.changes == {"t": 0.5, "steps": 2}
-    assert changes_of(collect_with(cpu_sweeper, s.code, "combo_suggested")) == s.changes
+    assert axes["steps"].winner == "base" and axes["steps"].why in ("too few steps", "no winner (within noise)")
+    assert s.changes == {"t": 0.5} and s.same_as == "t0.5"
+    assert "# t0.5 already has exactly these changes" in s.code
