@@ -34,7 +34,7 @@ dependencies but no hub access (a benchmark machine, a cluster's GPU node):
   batch, ratios kept), the dataset as the smoke profile maps it, no eval before
   training, a small final eval, no export;
 * measure until sure: a cell runs until the interval of its steady-state sec/step is
-  within :data:`GPU_TIMING_TARGET` of the mean (``timing_target``: ±2 %, on at least
+  within :data:`GPU_TIMING_TARGET` of the mean (``timing_target``: ±5 %, on at least
   :data:`GPU_TIMING_MIN_STEPS` steps after its warm-up), for at most :data:`GPU_MAX_STEPS`
   steps: a steady cell ends in a few steps, a noisy one takes the steps its number needs
   (a cell that ends early logs a ``kind="stop"`` metrics record saying why);
@@ -73,7 +73,10 @@ SMOKE_PROMPT = 128
 SMOKE_EVAL_LIMIT = 8
 SMOKE_EVAL_SAMPLES = 2
 GPU_BATCH_DIVISOR = 4
-GPU_TIMING_TARGET = 0.02
+# ±5 %: on a one-GPU benchmark machine a step's host-bound part varies by 8-25 % from step to
+# step (H200, benchmarks/RESULTS.md), so ±2 % took more than 30 steps in every cell measured
+# there; ±5 % still tells apart the levers worth a cell (the CUDA-graph cells: -57 to -81 %).
+GPU_TIMING_TARGET = 0.05
 GPU_TIMING_MIN_STEPS = 5
 GPU_MAX_STEPS = 30
 GPU_EVAL_LIMIT = 32

@@ -123,7 +123,7 @@ class BaseDecl:
     from_cell: str | None
     marks: tuple[Mark, ...]
     location: tuple[str, int]
-    seeds: Any = None  # also every other cell's, unless the cell gives its own
+    seeds: Any = None  # base's own, as a cell's is; the module-level ``seeds`` is the grid's
 
 
 @attrs.frozen(kw_only=True, eq=False)

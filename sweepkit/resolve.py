@@ -12,7 +12,7 @@ from the project root instead (:func:`resolve_path` states the rule).
 ``seeds=`` repeats a cell over seeds (:func:`_repeats`): the first seed keeps the cell's id
 (and, when it is the cell's own seed, its config, so adding ``seeds=`` to a grid keeps its
 earlier results valid); each further seed ``v`` is a cell ``<id>-seed<v>``. The cell's own
-``sk.param``/declaration ``seeds=`` wins over the grid's (``sk.base(seeds=)`` or a
+``sk.param``/declaration ``seeds=`` (``sk.base``'s for base) wins over the grid's (a
 module-level ``seeds =``). Every cell then gets its group (:func:`_groups`).
 """
 
@@ -104,15 +104,12 @@ def build_cells(spec: GridSpec, launch_keys: Mapping[str, Any],
     # location and the place of each of its keys): resolve each once.
     display = functools.cache(display)
     problems = list(spec.problems)
-    if spec.base.seeds is not None and spec.module_seeds is not None:
-        where = f"{display(spec.base.location[0])}:{spec.base.location[1]}"
-        problems.append(GridError(spec.module_seeds_location, f"seeds: the grid's seeds are given twice, here "
-                                                              f"and on sk.base ({where}); give them once"))
-    # sk.base(seeds=) is the grid's, as a module-level ``seeds =`` is.
-    grid_seeds = (spec.base.seeds, spec.base.location), (spec.module_seeds, spec.module_seeds_location)
+    # A module-level ``seeds =`` is the grid's; sk.base(seeds=) is base's own, as a cell's is
+    # (repeating base alone is the cheap way to measure the seed spread every row then takes).
+    grid_seeds = ((spec.module_seeds, spec.module_seeds_location),)
     drafts = [Draft(name="base", start=spec.base_start, marks=spec.module_marks + spec.base.marks,
                     location=spec.base.location, keywords=frozenset({"base"}),
-                    seeds=_first_given(*grid_seeds))]
+                    seeds=_first_given((spec.base.seeds, spec.base.location), *grid_seeds))]
     cell_names = {decl: name for name, decl in spec.declarations if isinstance(decl, CellDecl)}
     resolved: dict[int, Start] = {}
 

@@ -61,3 +61,24 @@ def test_prompts_for_trl_are_left_truncated_to_the_prompt_length():
     assert lengths[1] == 256 and kept[1].endswith(" the ask")
     # 256 bytes of 3-byte characters: the cut character is dropped, not sent as U+FFFD.
     assert kept[2] == "€" * 85 and lengths[2] == 255
+
+
+def test_the_timing_rule_replay_adds_up_what_each_target_would_have_spent(tmp_path, capsys):
+    import json
+
+    bench = _load("bench_timing_rule")
+    steady = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0]
+    noisy = [1.0, 1.6, 0.7, 1.4, 0.6, 1.5, 0.8, 1.3, 0.5, 1.2]
+    for name, times in (("steady", [30.0, *steady]), ("noisy", [30.0, *noisy])):
+        cell = tmp_path / name
+        cell.mkdir()
+        records = [{"kind": "info", "step": 0},
+                   *({"kind": "train", "step": s, "timing/step": t} for s, t in enumerate(times, 1))]
+        (cell / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (cell / "cell.json").write_text(json.dumps({"launch": {"gpus": 4}}))
+    assert bench.main([str(tmp_path), "--targets", "0.02", "--budget-minutes", "1"]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    # steady: within ±2 % once it has 5 timed steps (step 6, after the 30 s compile step); noisy: never
+    assert lines["steady"][1:] == ["4", "11", f"{30 + sum(steady):.1f}", "6", f"{30 + sum(steady[:5]):.1f}"]
+    assert lines["noisy"][4] == "-"
+    assert lines["GPU-seconds:"][-1] == str(4 * 60 * 2)  # the fixed budget: 2 cells x 4 GPUs x 60 s

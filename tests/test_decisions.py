@@ -97,3 +97,51 @@ def test_suggest_picks_the_true_winner_and_never_a_knob_that_does_nothing(sweeps
     code = sweeps[0][1].code
     line = next(line for line in code.splitlines() if line.startswith("#   batch: batch128"))
     assert "] vs base; 19 timed steps, base 19 timed steps) [batch=128]" in line
+
+
+ACCURACY_GRID = """
+import sweepkit as sk
+target = sk.command("{python}", "-c", "pass")
+base = sk.base(lr=1e-6, kl=0.0, seed=1, seeds=5)
+lr = sk.axis("lr", [1e-5], id="lr1e-5")
+kl = sk.axis("kl", [0.1], id="kl0.1")
+"""
+# True pass@k: lr1e-5 is better by 0.2 (the seeds' lr knee moved pass@k more than that); kl0.1
+# does nothing. Seeds move pass@k by sd 0.03; base's five seeds measure it on 4 degrees of freedom.
+PASS_AT_K = {"base": 0.60, "lr1e-5": 0.80, "kl0.1": 0.60}
+
+
+def write_eval(cell_dir, pass_at_k: float) -> None:
+    records = [{"kind": "info", "step": 0, "device": "cuda"},
+               {"kind": "train", "step": 1, "timing/step": 1.0},
+               {"kind": "eval", "step": 1, "eval/pass_at_k": pass_at_k, "eval/k": 8, "eval/prompts": 1319}]
+    (cell_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def test_a_seed_spread_measured_on_base_decides_pass_at_k_for_single_seed_cells(sweeper):
+    sweeper.grid("g", ACCURACY_GRID)
+    assert sweeper.run("run", "--executor", "debug").ret == 0
+    cells = collect_cells(sweeper)
+    assert [cell.name for cell in cells] == ["base", *(f"base-seed{n}" for n in range(2, 6)), "lr1e-5", "kl0.1"]
+    grid_dir = sweeper.path / "runs" / "g"
+    rng = random.Random(5)
+    winners = []
+    for _ in range(SWEEPS):
+        for cell in cells:
+            write_eval(grid_dir / cell.name, PASS_AT_K[cell.group] + rng.gauss(0.0, 0.03))
+        accuracy = grid_tables(grid_dir)["accuracy"]
+        rows = {row["cell"]: row for row in accuracy.iter_rows(named=True)}
+        assert list(rows) == ["base", "lr1e-5", "kl0.1"] and rows["base"]["seeds"] == 5
+        assert rows["base"]["pass_at_k_lo"] < rows["base"]["pass_at_k"] < rows["base"]["pass_at_k_hi"]
+        suggestion = suggest(cells, wide_table(grid_tables(grid_dir)), column="pass_at_k")
+        winners.append({axis.name: axis.winner for axis in suggestion.axes})
+    assert sum(w["lr"] == "lr1e-5" for w in winners) >= 0.9 * SWEEPS
+    assert sum(w["kl"] != "base" for w in winners) <= 0.05 * SWEEPS
+    # Without the repeats, one seed each: no seed spread, no finding, whatever the numbers.
+    for name in (f"base-seed{n}" for n in range(2, 6)):
+        __import__("shutil").rmtree(grid_dir / name)
+    accuracy = grid_tables(grid_dir)["accuracy"]
+    assert dict(accuracy.select("cell", "pass_at_k_verdict").iter_rows()) == {
+        "base": None, "lr1e-5": "1 seed", "kl0.1": "1 seed"}
+    suggestion = suggest(cells, wide_table(grid_tables(grid_dir)), column="pass_at_k")
+    assert suggestion.changes == {} and "1 seed: no seed spread measured (give base seeds=3)" in suggestion.code

@@ -40,7 +40,8 @@ def listed(result) -> list[str]:
 
 def test_an_int_repeats_each_cell_from_its_own_seed(sweeper):
     sweeper.grid("g", HEADER + '''
-base = sk.base(lr=1.0, seed=10, seeds=3)
+seeds = 3
+base = sk.base(lr=1.0, seed=10)
 fast = sk.cell(lr=2.0, seed=100)
 ''')
     cells = collected(sweeper)
@@ -85,13 +86,20 @@ both = sk.product(lr=[4.0], n=[4, 5], id="lr{lr}_n{n}", seeds=1)
     }
 
 
-def test_base_seeds_are_the_grids_and_a_cell_keeps_its_own_over_them(sweeper):
+def test_base_seeds_repeat_base_alone_and_the_modules_every_cell_but_base(sweeper):
     sweeper.grid("g", HEADER + '''
 base = sk.base(lr=1.0, seed=0, seeds=2)
 other = sk.cell(lr=2.0)
 mine = sk.cell(lr=3.0, seeds=[4])
 ''')
-    assert seeds_of(collected(sweeper)) == {"base": 0, "base-seed1": 1, "other": 0, "other-seed1": 1, "mine": 4}
+    assert seeds_of(collected(sweeper)) == {"base": 0, "base-seed1": 1, "other": 0, "mine": 4}
+    sweeper.grid("g", HEADER + '''
+seeds = 3
+base = sk.base(lr=1.0, seed=0, seeds=2)
+other = sk.cell(lr=2.0)
+''')
+    assert seeds_of(collected(sweeper)) == {"base": 0, "base-seed1": 1, "other": 0, "other-seed1": 1,
+                                            "other-seed2": 2}
 
 
 def test_the_trainers_repeats_count_up_from_its_schema_default_seed(sweeper):
@@ -105,13 +113,13 @@ base = sk.base(lr=1e-6, seeds=3)
 
 
 def test_adding_seeds_keeps_every_existing_id_and_config_hash(sweeper):
-    cells = '''
-base = sk.base(lr=1.0, n=4, seed=1{seeds})
+    cells = '''{seeds}
+base = sk.base(lr=1.0, n=4, seed=1)
 n = sk.axis("n", [8, 16])
 fast = sk.cell(lr=2.0)
 '''
     sweeper.grid("plain", HEADER + cells.format(seeds=""))
-    sweeper.grid("repeated", HEADER + cells.format(seeds=", seeds=3"))
+    sweeper.grid("repeated", HEADER + cells.format(seeds="seeds = 3"))
     from sweepkit.cli import start_session
     from sweepkit.collect import collect
 
@@ -225,13 +233,11 @@ def test_a_bad_seeds_value_is_refused_at_its_line(sweeper, line, message):
 def test_bad_seeds_on_the_base_and_at_module_level_are_refused_at_their_lines(sweeper):
     sweeper.grid("a", HEADER + "base = sk.base(lr=1.0, seed=0, seeds=0)\n")
     sweeper.grid("b", HEADER + "marks = []\nseeds = 'all'\nbase = sk.base(lr=1.0, seed=0)\n")
-    sweeper.grid("c", HEADER + "seeds = 2\nbase = sk.base(lr=1.0, seed=0, seeds=3)\n")
     refused(sweeper.run("list"),
             "grids/a.py:3: seeds: must be at least 1, got 0",
             "grids/b.py:4: seeds: expected a number of seeds (an int of at least 1) or a list of distinct int "
             "seeds, got 'all' (str)",
-            "grids/c.py:3: seeds: the grid's seeds are given twice, here and on sk.base (grids/c.py:4); give them once",
-            "3 errors found in 3 grid files")
+            "2 errors found in 2 grid files")
 
 
 def test_every_seeds_mistake_of_a_file_is_reported_together(sweeper):
@@ -315,7 +321,7 @@ seeds = sk.axis("seed", [1, 2], id="seed{seed}")
 
 
 def test_each_repeat_runs_with_its_own_seed_and_records_its_group(cpu_sweeper):
-    script_grid(cpu_sweeper, "g", "quick = sk.cell(steps=2)", seed=7, seeds=2)
+    script_grid(cpu_sweeper, "g", "seeds = 2\nquick = sk.cell(steps=2)", seed=7)
     result = cpu_sweeper.run("run")
     assert result.ret == 0, result
     assert "4 passed" in result.stdout
