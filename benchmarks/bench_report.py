@@ -1,7 +1,7 @@
 """Time of `sweep report`'s tables (and its HTML page) against cells x steps of metrics on disk.
 
 Writes a grid dir of N cells, each with a cell.json, a state.json and a metrics.jsonl
-of S train steps (an eval every 10), then times ``sweepkit.report.grid_frames`` and
+of S train steps (an eval every 10), then times ``sweepkit.report.tables.grid_frames`` and
 ``collect_report`` (the one lazy scan behind both tables and the curves, collected in one
 pass) and the HTML page, best of
 ``--repeats``. Prints seconds and microseconds per (cell x step) row, so linear cost
@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweepkit.html_report import write_page  # noqa: E402
-from sweepkit.report import BUILTIN_TABLES, REPORT_DIR, collect_report, grid_frames  # noqa: E402
+from sweepkit.report.html import write_page  # noqa: E402
+from sweepkit.report.tables import BUILTIN_TABLES, REPORT_DIR, collect_report, grid_frames  # noqa: E402
 
 
 def write_grid(root: Path, cells: int, steps: int) -> Path:

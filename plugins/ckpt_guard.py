@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Optional
 
-from sweepkit import state as st
 from sweepkit.hookspec import hookimpl
+from sweepkit.state import records as st
 
 ROOT_ENV = "CHECKPOINTS_DIR"
 CLEAN_ENV = "CLEAN_CKPT"
@@ -92,7 +92,7 @@ def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
                  announce: Callable[[str], None] = print) -> Path | None:
     """Check and announce the wipe of a fresh run's old checkpoints in ``ckpt_dir``; return
     the dir, resolved, whose checkpoint entries the cell's job deletes as it starts the
-    cell (:func:`sweepkit.state.delete_checkpoint_entries`), or None: nothing to delete.
+    cell (:func:`sweepkit.state.records.delete_checkpoint_entries`), or None: nothing to delete.
 
     Checks, before anything is announced: the resume mode (unset or unknown raises, a
     resume deletes nothing), that the dir resolves inside ``root``, then ``clean``. Entries

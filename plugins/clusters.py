@@ -40,8 +40,8 @@ import attrs
 
 from sweepkit.errors import UsageError
 from sweepkit.hookspec import hookimpl
-from sweepkit.launch import parse_time_limit
-from sweepkit.state import cell_dir as cell_dir_of
+from sweepkit.run.launch import parse_time_limit
+from sweepkit.state.records import cell_dir as cell_dir_of
 from sweepkit_plugins.skyrl_schema import MOVED_ENGINE_PATHS  # both SkyRL layouts' engine paths
 
 CLUSTER_ENV = "SWEEP_CLUSTER"
@@ -89,7 +89,7 @@ class JobPieces:
     ``srun`` starts for submitit, the driver's own, must live under one);
     ``node_local_filesystems``: those each node has its own of (``/tmp``): an interpreter
     there is refused. The SLURM executor checks both before it submits
-    (:func:`sweepkit.executors.slurm.interpreter_problem`).
+    (:func:`sweepkit.run.executors.slurm.interpreter_problem`).
     """
 
     cluster: str
@@ -190,7 +190,7 @@ def concurrency_cap(session) -> int | None:
     """How many cells may run at once on the active cluster (None: no cap).
 
     The SLURM executor keeps at most this many of the runs dir's jobs in the queue
-    (:mod:`sweepkit.executors.slurm_jobs`, under its submit lock). A pending job counts:
+    (:mod:`sweepkit.run.executors.slurm_jobs`, under its submit lock). A pending job counts:
     SLURM starts it without asking anyone, so the cap on running cells holds only if no
     more are queued. A chain counts once, however many of its links wait on a dependency
     (those are the seed's "pending restart links", which do not count).

@@ -28,10 +28,11 @@ from typing import Any, Optional
 
 import attrs
 
-from sweepkit import failures, hookimpl
-from sweepkit import state as st
+from sweepkit import hookimpl
+from sweepkit.run import failures
+from sweepkit.state import records as st
 
-COLLAPSE_FRACTION = 0.2  # as sweepkit.report's entropy_collapse
+COLLAPSE_FRACTION = 0.2  # as sweepkit.report.tables's entropy_collapse
 WINDOW = 3
 
 

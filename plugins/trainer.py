@@ -48,7 +48,7 @@ import os
 from pathlib import Path
 
 from sweepkit import hookimpl
-from sweepkit.executors.warm import WarmTarget
+from sweepkit.run.executors.warm import WarmTarget
 from trainer.config import ConfigError, TrainerConfig, check_type, schema
 from trainer.data import MATH_NAMES
 from trainer.shapes import RANDOM_PREFIX, TINY_MODEL

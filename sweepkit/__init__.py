@@ -1,7 +1,7 @@
 """sweepkit: grid files of named cells for GRPO / distillation training runs."""
 
-from sweepkit.cell import Cell, Mark, Target
-from sweepkit.grid import axis, base, cell, command, mark, param, product
+from sweepkit.grid.cell import Cell, Mark, Target
+from sweepkit.grid.declare import axis, base, cell, command, mark, param, product
 from sweepkit.hookspec import hookimpl
 
 __all__ = [

@@ -15,9 +15,9 @@ import traceback
 from pathlib import Path
 
 from sweepkit import commands, plugin
-from sweepkit.collect import DEFAULT_GRID_DIR, split_arg
-from sweepkit.errors import UsageError
-from sweepkit.session import ExitCode, Session, make_console
+from sweepkit.errors import ExitCode, UsageError
+from sweepkit.grid.collect import DEFAULT_GRID_DIR, split_arg
+from sweepkit.session import Session, make_console
 
 COMMANDS = ("list", "run", "status", "report", "suggest", "compare", "cancel", "plugins")
 

@@ -14,13 +14,13 @@ from rich.table import Table
 from rich.text import Text
 
 from sweepkit import plugin
-from sweepkit import state as st
-from sweepkit.cell import Cell
-from sweepkit.collect import DEFAULT_GRID_DIR, files_of_args, split_arg
-from sweepkit.errors import UsageError
-from sweepkit.ids import format_value
-from sweepkit.select import by_node_ids
-from sweepkit.session import ExitCode, Session
+from sweepkit.errors import ExitCode, UsageError
+from sweepkit.grid.cell import Cell
+from sweepkit.grid.collect import files_of_args, split_arg
+from sweepkit.grid.ids import format_value
+from sweepkit.grid.select import by_node_ids
+from sweepkit.session import Session
+from sweepkit.state import records as st
 
 
 def _short(value) -> str:
@@ -129,7 +129,7 @@ def cmd_run(session: Session) -> int:
         known = ", ".join(sorted(executors)) or "none"
         raise UsageError(f"--executor {name}: no such executor (registered: {known})")
     session.options.executor = name
-    run_cells = _import_stage("sweepkit.runner", "run_cells", "run")
+    run_cells = _import_stage("sweepkit.run.runner", "run_cells", "run")
     code = run_cells(session, cells)
     if not damaged:
         return code
@@ -148,13 +148,13 @@ def _named_cells(session: Session) -> list[Cell]:
 
 def cmd_status(session: Session) -> int:
     cells = _named_cells(session)
-    show_status = _import_stage("sweepkit.status", "show_status", "status")
+    show_status = _import_stage("sweepkit.report.status", "show_status", "status")
     return show_status(session, cells)
 
 
 def cmd_cancel(session: Session) -> int:
     cells = _named_cells(session)
-    cancel_command = _import_stage("sweepkit.cancel", "cancel_command", "cancel")
+    cancel_command = _import_stage("sweepkit.run.cancel", "cancel_command", "cancel")
     return cancel_command(session, cells)
 
 
@@ -179,7 +179,7 @@ def report_grids(session: Session) -> list[str]:
 
 
 def cmd_report(session: Session) -> int:
-    make_report = _import_stage("sweepkit.report", "make_report", "report")
+    make_report = _import_stage("sweepkit.report.tables", "make_report", "report")
     options = session.options
     return make_report(session, report_grids(session), options.format, options.table, options.level)
 
@@ -196,14 +196,14 @@ def _plugins_table(rows: list[tuple[str, str, str]]) -> Table:
 
 def _report_table(grid_dir, level) -> "object":
     """Both report tables of a grid dir as one frame, a row a cell, intervals at ``level``."""
-    from sweepkit.report import grid_tables, interval_level, wide_table
+    from sweepkit.report.tables import grid_tables, interval_level, wide_table
 
     return wide_table(grid_tables(grid_dir, level=interval_level(level)))
 
 
 def cmd_suggest(session: Session) -> int:
     """The winner of each one-factor axis by a column, and the combo cell that joins them."""
-    from sweepkit.suggest import format_suggestion, suggest
+    from sweepkit.report.suggest import format_suggestion, suggest
 
     options = session.options
     cells = _selected(session)
@@ -226,8 +226,8 @@ def _compare_side(session: Session, spec: str, level):
     ``REV:PATH``, the report tables committed at git revision REV under PATH."""
     from pathlib import Path
 
-    from sweepkit.compare import committed_table
-    from sweepkit.report import wide_table
+    from sweepkit.report.compare import committed_table
+    from sweepkit.report.tables import wide_table
 
     revision, colon, path = spec.partition(":")
     if colon and revision and path and not Path(spec).exists():
@@ -245,7 +245,7 @@ def _compare_side(session: Session, spec: str, level):
 def cmd_compare(session: Session) -> int:
     """Two runs of a grid, cell by cell: each column's change and which exceed the noise, the
     noise from the rows' intervals (their seeds' spread where they have seeds)."""
-    from sweepkit.compare import compare, compared_columns, format_compare, noise_note
+    from sweepkit.report.compare import compare, compared_columns, format_compare, noise_note
 
     options = session.options
     a, b = (_compare_side(session, spec, options.level) for spec in (options.a, options.b))

@@ -1,9 +1,22 @@
-"""The one exception type for bad input: its message is shown as-is, without a traceback."""
+"""The one exception type for bad input (its message is shown as-is, without a traceback),
+and the exit codes every command ends with."""
 
 from __future__ import annotations
 
+import enum
 import functools
 from pathlib import Path
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes, pytest's numbering."""
+
+    OK = 0
+    CELLS_FAILED = 1
+    INTERRUPTED = 2
+    INTERNAL_ERROR = 3
+    USAGE_ERROR = 4
+    NO_CELLS = 5
 
 
 class UsageError(Exception):

@@ -37,8 +37,11 @@ import pluggy
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from sweepkit.cell import Cell, Target
-    from sweepkit.session import Session
+    from sweepkit.grid.cell import Cell, Target
+
+    # The session object every hook gets: sweepkit.session.Session (not imported here, which
+    # would tie the hook specs, imported by every plugin, to the session that loads them).
+    Session = Any
 
 hookspec = pluggy.HookspecMarker("sweepkit")
 hookimpl = pluggy.HookimplMarker("sweepkit")
@@ -69,7 +72,7 @@ def sweep_register_keys(register: Callable[..., None]) -> None:
         typing annotation (``int``, ``str | None``, ``dict[str, str]``).
 
     Launch keys are checked against their type, stay out of ``config.json``, and
-    reach executors through :meth:`sweepkit.cell.Cell.launch`.
+    reach executors through :meth:`sweepkit.grid.cell.Cell.launch`.
     """
 
 
@@ -77,7 +80,7 @@ def sweep_register_keys(register: Callable[..., None]) -> None:
 def sweep_register_targets(register: Callable[[str, "Target"], None]) -> None:
     """Register named targets a grid can choose with ``target = "<name>"``.
 
-    :param register: ``register(name, target)`` with a :class:`sweepkit.cell.Target`.
+    :param register: ``register(name, target)`` with a :class:`sweepkit.grid.cell.Target`.
     """
 
 
@@ -183,7 +186,7 @@ def sweep_cell_ckpt_dir(cell: "Cell", session: "Session") -> "Path | None":
 
     :return: the directory (it may not exist yet), or None for the cell dir's ``ckpt/``.
 
-    The plan (:mod:`sweepkit.plan`) looks there, as well as in ``ckpt/``, to decide whether
+    The plan (:mod:`sweepkit.run.plan`) looks there, as well as in ``ckpt/``, to decide whether
     a cell has checkpoints: a rerun of such a cell stops unless ``--resume`` or ``--rerun``
     says what to do with them, and ``--resume`` resumes from them. A plugin that deletes
     a fresh cell's old checkpoints must answer here with the same directory.
@@ -200,7 +203,7 @@ def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, rerun: b
     :param rerun: the user asked to start the cell over (``sweep run --rerun``): the only
         case in which checkpoints it has are to be deleted.
     :return: checkpoint dirs outside the cell dir (checked, resolved) whose
-        :func:`sweepkit.state.checkpoint_entries` the cell's job deletes as it starts the
+        :func:`sweepkit.state.records.checkpoint_entries` the cell's job deletes as it starts the
         cell; an empty list for none. Delete nothing here: a sweep stopped before it gets
         to the cell must leave its checkpoints.
     """
@@ -260,9 +263,9 @@ def sweep_register_report_tables(register: Callable[..., None]) -> None:
     """Register a table of ``sweep report`` (every format shows every table; ``--table``
     picks one).
 
-    :param register: ``register(name, table)`` with a :class:`sweepkit.renderers.ReportTable`:
+    :param register: ``register(name, table)`` with a :class:`sweepkit.report.registry.ReportTable`:
         ``table.build(frames)`` returns a polars LazyFrame a row a cell (with a ``cell``
-        column) from the grid's :class:`sweepkit.report.GridFrames`: ``frames.cells`` (every
+        column) from the grid's :class:`sweepkit.report.tables.GridFrames`: ``frames.cells`` (every
         built-in column, a row a cell, in the grid's order) and ``frames.steps`` (a row per
         cell, kind and step, every numeric metric any cell logged). Build with expressions
         and leave the frame lazy: the report collects all tables in one pass.
@@ -273,11 +276,11 @@ def sweep_register_report_tables(register: Callable[..., None]) -> None:
 def sweep_register_report_formats(register: Callable[..., None]) -> None:
     """Register a format of ``sweep report``, selectable with ``--format``.
 
-    :param register: ``register(name, fmt)`` with a :class:`sweepkit.renderers.ReportFormat`:
+    :param register: ``register(name, fmt)`` with a :class:`sweepkit.report.registry.ReportFormat`:
         ``fmt.write(report)`` writes files under ``report.report_dir`` (every report, or
         only under ``--format`` this one when ``fmt.always`` is False) and returns them;
         ``fmt.show(report, console)`` prints it. ``report`` is a
-        :class:`sweepkit.renderers.GridReport` (the collected tables, the curves' steps).
+        :class:`sweepkit.report.registry.GridReport` (the collected tables, the curves' steps).
     """
 
 

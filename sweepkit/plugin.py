@@ -16,21 +16,21 @@ import pluggy
 
 from sweepkit import hookspec
 from sweepkit.errors import UsageError, display_path
+from sweepkit.grid.source import SWEEPCONF, exec_python_file
 
 #: The core's own behaviour, as plugin modules.
 DEFAULT_PLUGINS: tuple[str, ...] = (
-    "sweepkit.launch",
-    "sweepkit.collect",
-    "sweepkit.validate",
-    "sweepkit.runner",
-    "sweepkit.executors.local",
-    "sweepkit.executors.debug",
-    "sweepkit.executors.slurm",
-    "sweepkit.renderers",
+    "sweepkit.run.launch",
+    "sweepkit.grid.collect",
+    "sweepkit.grid.validate",
+    "sweepkit.run.runner",
+    "sweepkit.run.executors.local",
+    "sweepkit.run.executors.debug",
+    "sweepkit.run.executors.slurm",
+    "sweepkit.report.builtin",
 )
 
 ENTRY_POINT_GROUP = "sweepkit"
-SWEEPCONF = "sweepconf.py"
 
 
 def make_plugin_manager() -> pluggy.PluginManager:
@@ -100,8 +100,6 @@ def load_sweepconf(pm: pluggy.PluginManager, path: Path, rootdir: Path) -> None:
     name = f"sweepconf:{display_path(path, rootdir)}"
     if pm.get_plugin(name) is not None or pm.is_blocked(name):
         return
-    from sweepkit.collect import exec_python_file  # collection owns file execution and its errors
-
     module = exec_python_file(path, rootdir, module_name=f"_sweepconf_{abs(hash(str(path)))}")
     register(pm, module, name)
 

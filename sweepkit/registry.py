@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import attrs
 
-from sweepkit.cell import Target
 from sweepkit.errors import UsageError
+from sweepkit.grid.cell import Target
 
 
 @attrs.frozen(kw_only=True)

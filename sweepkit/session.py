@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import enum
 import sys
 from pathlib import Path
 
@@ -11,19 +10,9 @@ import attrs
 import pluggy
 from rich.console import Console
 
+from sweepkit import plugin
 from sweepkit.errors import display_path
 from sweepkit.registry import Registry
-
-
-class ExitCode(enum.IntEnum):
-    """Process exit codes, pytest's numbering."""
-
-    OK = 0
-    CELLS_FAILED = 1
-    INTERRUPTED = 2
-    INTERNAL_ERROR = 3
-    USAGE_ERROR = 4
-    NO_CELLS = 5
 
 
 def make_console(file=None) -> Console:
@@ -85,17 +74,24 @@ class Session:
 
     # -- the arrows of the pipeline, in order ------------------------------------------
 
+    def load_sweepconfs(self, directory: Path) -> None:
+        """Register the ``sweepconf.py`` files that apply to ``directory`` (each once), and fail
+        on a misspelt hook of theirs, before the directory's grids are collected."""
+        for path in plugin.sweepconf_paths(directory, self.rootdir):
+            plugin.load_sweepconf(self.pm, path, self.rootdir)
+        plugin.check_pending(self.pm)
+
     def collect(self, paths: list[str]):
         """Grid files named by ``paths`` (``grids/`` when empty) -> cells, before profiles."""
-        from sweepkit.collect import collect
+        from sweepkit.grid.collect import collect
 
         return collect(self, paths)
 
     def select(self, paths: list[str], *, profile: str | None = None, keyword: str | None = None,
                markexpr: str | None = None, failed: bool = False) -> list:
         """collect -> profile -> ``sweep_collection_modifyitems`` -> select."""
-        from sweepkit.profile import apply_profile
-        from sweepkit.select import select
+        from sweepkit.grid.profile import apply_profile
+        from sweepkit.grid.select import select
 
         collected = self.collect(paths)
         cells = apply_profile(self, list(collected.cells), profile)
@@ -105,6 +101,6 @@ class Session:
 
     def validate(self, cells: list, *, check_runs_dir: bool, outcome: str = "nothing was run") -> None:
         """Every problem of every cell (and of the runs dir) at once, as one UsageError."""
-        from sweepkit.validate import validate
+        from sweepkit.grid.validate import validate
 
         validate(self, cells, runs_dir=self.runs_dir if check_runs_dir else None, outcome=outcome)

@@ -14,10 +14,13 @@
 from __future__ import annotations
 
 import fcntl
+import getpass
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import attrs
@@ -173,3 +176,25 @@ def pytest_runtest_teardown(item, nextitem):
     lock = item.config.stash.get(SLURM_TESTS_LOCK, None)
     if lock is not None and lock.exclusive and (nextitem is None or not runs_alone(nextitem)):
         lock.release()  # the row of SLURM tests ends here
+
+
+@pytest.fixture
+def restarts_the_controller():
+    """For a test that restarts slurmctld: afterwards, cancel what the restart requeued.
+
+    A restarted controller can requeue jobs that had completed before it went down (their
+    completion was not yet saved); such a job would wait for its begin time and then hold a
+    CPU of the two-CPU node, so a later test's two cells would never run at once. SLURM tests
+    run one at a time (SlurmTestsLock), so nothing else of the suite is in the queue then.
+    """
+    yield
+    if shutil.which("scancel") is None:
+        return
+    subprocess.run(["scancel", "--user", getpass.getuser()], capture_output=True, timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        queue = subprocess.run(["squeue", "--noheader", "--user", getpass.getuser()], capture_output=True,
+                               text=True, timeout=60)
+        if queue.returncode == 0 and not queue.stdout.strip():
+            return
+        time.sleep(1)

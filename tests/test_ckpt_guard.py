@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sweepkit import state as st
+from sweepkit.state import records as st
 from sweepkit_plugins.ckpt_guard import MISSING, CheckpointGuardError, guarded_wipe
 
 
@@ -202,7 +202,7 @@ def test_rerun_opt_out_by_env(sweeper):
 def base_cell_in_session(sweeper, monkeypatch):
     """A configured ``sweep run`` session over GRID, its ``base`` cell and the checkpoint root."""
     from sweepkit.cli import start_session
-    from sweepkit.collect import collect
+    from sweepkit.grid.collect import collect
 
     sweeper.grid("g", GRID)
     root = sweeper.path / "ckpts"

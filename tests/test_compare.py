@@ -1,4 +1,4 @@
-"""``sweepkit.compare``: two report tables cell by cell, Δ, Δ% and noise flags."""
+"""``sweepkit.report.compare``: two report tables cell by cell, Δ, Δ% and noise flags."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from test_run import cpu_sweeper, script_grid  # noqa: F401 - a fixture
 
 from steadystate import Interval, difference
-from sweepkit.compare import compare, format_compare, noise_from_repeats, noise_note
+from sweepkit.report.compare import compare, format_compare, noise_from_repeats, noise_note
 from sweepkit.errors import UsageError
-from sweepkit.report import grid_tables
+from sweepkit.report.tables import grid_tables
 
 A = pl.DataFrame({
     "cell": ["base", "fast", "acc", "gone", "dead"],

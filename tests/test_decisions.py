@@ -13,8 +13,8 @@ import pytest
 from test_steadystate import simulated_run
 from test_suggest import collect_cells
 
-from sweepkit.report import grid_tables, wide_table
-from sweepkit.suggest import suggest
+from sweepkit.report.tables import grid_tables, wide_table
+from sweepkit.report.suggest import suggest
 
 GRID = """
 import sweepkit as sk

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sweepkit import state as st
-from sweepkit.executors import DONE, CellJob
-from sweepkit.executors.debug import DebugExecutor
-from sweepkit.executors.local import LocalExecutor, detect_gpus
-from sweepkit.plan import mark_submitted
+from sweepkit.state import records as st
+from sweepkit.run.executors import DONE, CellJob
+from sweepkit.run.executors.debug import DebugExecutor
+from sweepkit.run.executors.local import LocalExecutor, detect_gpus
+from sweepkit.run.plan import mark_submitted
 
 
 def prepared(tmp_path: Path, name: str, gpus: int = 0, code: str = "pass") -> CellJob:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sweepkit.expression import Expression, ParseError
+from sweepkit.grid.expression import Expression, ParseError
 
 
 def matches(text: str, names: set[str]) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweepkit import failures as fl
+from sweepkit.run import failures as fl
 
 CUDA_OOM = """\
   File "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 125, in forward
@@ -147,8 +147,8 @@ def test_local_runs_are_classified_from_their_log_tail(sweeper):
 
 def chain_view(tmp_path, *, effective, link_state):
     """A chained SLURM cell whose first link (job 11) ended as ``link_state``; job 12 is the next link."""
-    from sweepkit import state as st
-    from sweepkit.executors import sacct
+    from sweepkit.state import records as st
+    from sweepkit.run.executors import sacct
 
     attempt = st.Attempt(n=1, executor=fl.SLURM, job_id="11", failure="killed by SIGTERM")
     cell_state = st.CellState(nodeid="grids/g.py::long", state=effective, config_hash="h", attempts=(attempt,),

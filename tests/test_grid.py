@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import sweepkit as sk
-from sweepkit.grid import GridError
-from sweepkit.ids import format_value, from_template, id_problem
+from sweepkit.grid.declare import GridError
+from sweepkit.grid.ids import format_value, from_template, id_problem
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ def test_safe_ids_pass(good):
 
 
 def test_cell_config_hash_is_stable_and_sensitive():
-    from sweepkit.cell import Cell, Target
+    from sweepkit.grid.cell import Cell, Target
 
     target = Target(name="command", argv=("x", "{config}"))
     make = lambda **config: Cell(grid="g.py", grid_name="g", name="a", config=config,  # noqa: E731

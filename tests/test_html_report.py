@@ -15,9 +15,9 @@ from html.parser import HTMLParser
 import polars as pl
 import pytest
 
-from sweepkit.html_report import (BOTTOM, CURVES, DELTA_CHARTS, GREY, LEFT, MAX_POINTS, MAX_WARMUP_MARKERS, PALETTE,
+from sweepkit.report.html import (BOTTOM, CURVES, DELTA_CHARTS, GREY, LEFT, MAX_POINTS, MAX_WARMUP_MARKERS, PALETTE,
                                   RIGHT, TOP, ZEBRA, DeltaRow, svg_chart, svg_delta_chart, thin, write_page)
-from sweepkit.report import TABLES
+from sweepkit.report.tables import TABLES
 
 ODD = "odd<&>\"name'"
 VOID = {"meta", "br", "hr", "img", "input", "link", "area", "base", "col", "embed", "source", "track", "wbr"}

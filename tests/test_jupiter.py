@@ -70,7 +70,7 @@ def test_cells_within_the_rules_pass(rules_run, cell):
 def collected_cells(sweeper: Sweeper, key=lambda cell: cell.name):
     """The collected cells of the grid, through the real collection and plugins, by ``key``."""
     from sweepkit.cli import start_session
-    from sweepkit.collect import collect
+    from sweepkit.grid.collect import collect
 
     session = start_session(["list", "--cluster", "jupiter", "--rootdir", str(sweeper.path),
                              str(sweeper.path / "grids")])

@@ -127,7 +127,7 @@ def test_jupiter_rules_are_inert_on_leonardo(sweeper):
 
 
 def test_container_wrapper_and_job_pieces(tmp_path):
-    from sweepkit.cell import Cell, Target
+    from sweepkit.grid.cell import Cell, Target
 
     launch_keys = {name: default for name, _, default, _ in
                    clusters.LAUNCH_KEYS + ray_cluster.LAUNCH_KEYS}

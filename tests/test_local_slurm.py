@@ -213,7 +213,7 @@ def test_start_after_every_daemon_was_killed_brings_the_cluster_back(cluster: No
 
 
 @needs_root
-def test_controller_restart_keeps_a_running_job(cluster: None, tmp_path: Path) -> None:
+def test_controller_restart_keeps_a_running_job(cluster: None, tmp_path: Path, restarts_the_controller) -> None:
     output = tmp_path / "job.out"
     job_id = sbatch("--output", str(output), "--wrap", "sleep 6; echo survived")
     wait_until_state(job_id, "RUNNING")
@@ -233,7 +233,7 @@ def test_controller_restart_keeps_a_running_job(cluster: None, tmp_path: Path) -
 
 
 @needs_root
-def test_start_during_a_controller_restart_leaves_one_controller(cluster: None) -> None:
+def test_start_during_a_controller_restart_leaves_one_controller(cluster: None, restarts_the_controller) -> None:
     # Both commands stop and start slurmctld by its pid file; they take turns,
     # so neither sees the controller gone and starts a second one.
     restart = subprocess.Popen([str(SCRIPT), "restart-ctld"], stderr=subprocess.PIPE, text=True)

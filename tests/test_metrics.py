@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sweepkit import metrics
+from sweepkit.state import metrics
 
 
 def rows(directory) -> list[dict]:

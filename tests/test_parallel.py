@@ -192,7 +192,7 @@ def test_share_gives_each_rank_its_part_of_every_mini_batch():
     ({"num_gpus": 2}, 2),
 ])
 def test_a_trainer_cells_num_gpus_is_its_one_node_request(config, gpus):
-    from sweepkit.cell import Cell, Target
+    from sweepkit.grid.cell import Cell, Target
     from sweepkit_plugins import clusters, leonardo
     from sweepkit_plugins.trainer import TRAINER_ARGV, gpu_count_errors
     from trainer.config import schema

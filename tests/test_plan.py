@@ -93,11 +93,11 @@ def test_only_the_job_of_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper,
     # Preparing a cell deletes nothing. Its job empties ckpt/ as it starts the cell, and only
     # for a --rerun plan: a plain run's fresh plan found ckpt/ empty, and what another
     # process wrote there since is kept.
-    from sweepkit import plan as pl
-    from sweepkit import state as st
+    from sweepkit.run import plan as pl
+    from sweepkit.state import records as st
     from sweepkit.cli import start_session
-    from sweepkit.collect import collect
-    from sweepkit.job import run_cell
+    from sweepkit.grid.collect import collect
+    from sweepkit.run.job import run_cell
 
     sweeper.write("stepper.py", STEPPER)
     sweeper.grid("g", GRID.format(variable="SWEEP_CKPT_DIR"))

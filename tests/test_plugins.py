@@ -123,7 +123,7 @@ def test_plugins_command_lists_plugins_and_their_hooks(sweeper):
     assert result.ret == 0, result
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines()
             if line.startswith("│") and line.split("│")[1].strip()}
-    assert "default" in rows["sweepkit.collect"] and "sweep_collect_file" in rows["sweepkit.collect"]
+    assert "default" in rows["sweepkit.grid.collect"] and "sweep_collect_file" in rows["sweepkit.grid.collect"]
     assert "entry point (sweepkit)" in rows["trainer"]
     assert "sweep_register_targets" in rows["trainer"]
     assert "-p" in rows["launchplug"] and "sweep_register_keys" in rows["launchplug"]

@@ -5,8 +5,8 @@ import re
 from cell_program import record
 from test_run import script_grid
 
-from sweepkit.metrics import summarize
-from sweepkit.progress import fmt_number
+from sweepkit.state.metrics import summarize
+from sweepkit.run.progress import fmt_number
 
 # Colours, cursor moves and line erasing: what a terminal interprets and a test strips.
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

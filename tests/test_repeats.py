@@ -20,7 +20,7 @@ target = sk.command("{python}", "-c", "pass")
 def collected(sweeper: Sweeper) -> dict:
     """Cell id -> cell, through the real collection and plugins."""
     from sweepkit.cli import start_session
-    from sweepkit.collect import collect
+    from sweepkit.grid.collect import collect
 
     grids = str(sweeper.path / "grids")
     session = start_session(["list", "--rootdir", str(sweeper.path), grids])
@@ -121,7 +121,7 @@ fast = sk.cell(lr=2.0)
     sweeper.grid("plain", HEADER + cells.format(seeds=""))
     sweeper.grid("repeated", HEADER + cells.format(seeds="seeds = 3"))
     from sweepkit.cli import start_session
-    from sweepkit.collect import collect
+    from sweepkit.grid.collect import collect
 
     session = start_session(["list", "--rootdir", str(sweeper.path)])
     session.configure()

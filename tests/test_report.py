@@ -181,7 +181,7 @@ def test_report_rows_follow_the_grid_file_and_grids_the_order_given(ordered):
 
 
 def test_status_rows_follow_the_grid_file_also_when_found_on_disk(ordered):
-    from sweepkit.status import status_rows
+    from sweepkit.report.status import status_rows
 
     result = ordered.run("status", "grids/g.py")
     assert [line.split()[0] for line in result.stdout.splitlines() if "::" in line] == \
@@ -231,8 +231,8 @@ def test_labels_that_decide_bottleneck_collapse_and_how_many_steps(reported):
 
 
 def test_a_diff_of_inert_knobs_only_and_too_few_steps_are_no_finding(tmp_path):
-    from sweepkit import state as st
-    from sweepkit.report import cell_note, grid_tables
+    from sweepkit.state import records as st
+    from sweepkit.report.tables import cell_note, grid_tables
 
     grid = tmp_path / "g"
     changes = {"base": {}, "gmu085": {"gpu_memory_utilization": [0.7, 0.85]}, "tbs64": {"train_batch_size": [32, 64]}}
@@ -271,7 +271,7 @@ def test_the_report_writes_one_html_page_with_the_curves(reported):
 PLUGIN = '''
 import polars as pl
 import sweepkit as sk
-from sweepkit.renderers import ReportFormat, ReportTable
+from sweepkit.report.registry import ReportFormat, ReportTable
 
 
 def _fastest(frames):

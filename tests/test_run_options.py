@@ -73,8 +73,8 @@ def test_quiet_display_prints_no_progress_lines():
 
     from rich.console import Console
 
-    from sweepkit.metrics import Summary
-    from sweepkit.progress import RunDisplay
+    from sweepkit.state.metrics import Summary
+    from sweepkit.run.progress import RunDisplay
 
     printed = {}
     for quiet in (False, True):
@@ -118,8 +118,8 @@ def test_the_live_table_is_one_line_a_row_at_100_columns():
 
     from rich.console import Console
 
-    from sweepkit.metrics import Summary
-    from sweepkit.progress import RunDisplay
+    from sweepkit.state.metrics import Summary
+    from sweepkit.run.progress import RunDisplay
 
     out = io.StringIO()
     console = Console(file=out, width=100)

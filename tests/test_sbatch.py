@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweepkit.executors import sbatch as sb
+from sweepkit.run.executors import sbatch as sb
 
 GOLDEN = Path(__file__).parent / "golden"
 FOLDER = "/project/runs/g/.slurm"

@@ -260,7 +260,7 @@ def test_a_chain_link_on_slurm_runs_the_resumed_command(sweeper):
 
 @pytest.mark.parametrize("layout", ["fork", "upstream"])
 def test_the_gpu_budget_reads_either_layouts_engine_paths(layout):
-    from sweepkit.cell import Cell, Target
+    from sweepkit.grid.cell import Cell, Target
     from sweepkit_plugins import clusters
     from sweepkit_plugins.skyrl_schema import MOVED_ENGINE_PATHS
 

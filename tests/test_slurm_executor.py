@@ -361,7 +361,7 @@ def test_cancel_of_one_cell_leaves_the_other_jobs_of_a_live_driver_alone(sweeper
 
 @on_cluster
 @pytest.mark.skipif(os.geteuid() != 0, reason="restarting slurmctld needs root")
-def test_status_recovers_after_the_controller_restarts(sweeper):
+def test_status_recovers_after_the_controller_restarts(sweeper, restarts_the_controller):
     script_grid(sweeper, "restart", "other = sk.cell(steps=5)", steps=6, sleep=2.0)
     submitted = sweeper.run("run", "--executor", "slurm", "--detach")
     assert submitted.ret == 0, submitted

@@ -1,4 +1,4 @@
-"""The concurrency cap's count (``sweepkit.executors.slurm_jobs``) against the real local
+"""The concurrency cap's count (``sweepkit.run.executors.slurm_jobs``) against the real local
 SLURM: a pending job takes a slot, a chain takes one however many of its links wait on a
 dependency, an array takes ``min(unfinished tasks, %N)``, and an ended job takes none."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import subprocess
 import time
 
-from sweepkit import state as st
-from sweepkit.executors import sacct
-from sweepkit.executors.slurm import settle_orphans
-from sweepkit.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, Submission, job_comment, orphan_slots
+from sweepkit.state import records as st
+from sweepkit.run.executors import sacct
+from sweepkit.run.executors.slurm import settle_orphans
+from sweepkit.run.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, Submission, job_comment, orphan_slots
 from test_slurm_executor import cluster, on_cluster, wait_for  # noqa: F401 (cluster: a fixture)
 
 

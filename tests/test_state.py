@@ -14,8 +14,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from sweepkit import state as st
-from sweepkit.job import CellJob, run_cell
+from sweepkit.state import records as st
+from sweepkit.run.job import CellJob, run_cell
 from test_run import script_grid
 
 
@@ -131,7 +131,7 @@ def test_a_damaged_cell_json_is_named_and_its_state_still_shown(sweeper):
 
 def test_lock_is_held_while_its_process_lives_and_freed_by_sigkill(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from sweepkit.state import CellLock; "
+        "import sys, time; from sweepkit.state.records import CellLock; "
         f"CellLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -184,7 +184,7 @@ def test_cell_process_keeps_the_lock_when_its_job_is_killed(tmp_path):
     pid_file = tmp_path / "child.pid"
     code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     job = subprocess.Popen([sys.executable, "-c", (
-        "import pickle, sys; from sweepkit.job import run_cell; "
+        "import pickle, sys; from sweepkit.run.job import run_cell; "
         "run_cell(pickle.loads(sys.stdin.buffer.read()), job_id='j')")], stdin=subprocess.PIPE)
     job.stdin.write(pickle.dumps(job_for(tmp_path, code)))
     job.stdin.close()
@@ -231,7 +231,7 @@ def test_find_cell_dirs_from_disk(tmp_path):
 def test_a_fresh_start_never_deletes_through_a_ckpt_link_out_of_the_cell_dir(tmp_path):
     # The plan refuses such a --rerun; a link made after the plan stops the job instead,
     # which records why and leaves the earlier run's files (and the link's target) alone.
-    from sweepkit.job import FreshStart
+    from sweepkit.run.job import FreshStart
 
     directory = tmp_path / "cell"
     pending_cell(directory)

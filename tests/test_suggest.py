@@ -1,4 +1,4 @@
-"""``sweepkit.suggest``: winners per axis of real collected cells, the combo they make, and
+"""``sweepkit.report.suggest``: winners per axis of real collected cells, the combo they make, and
 the pasted code collected for real."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from test_run import cpu_sweeper, script_grid  # noqa: F401 - a fixture
 
 from sweepkit.errors import UsageError
-from sweepkit.report import grid_tables
-from sweepkit.suggest import format_suggestion, suggest
+from sweepkit.report.tables import grid_tables
+from sweepkit.report.suggest import format_suggestion, suggest
 
 GRID = '''
 import sweepkit as sk
@@ -34,7 +34,7 @@ CELLS = ["base", "tbs64", "tbs128", "tbs256", "gmu080", "gmu085", "cudagraph", "
 def collect_cells(sweeper, name="g"):
     """The grid's cells as `sweep list` collects them (in this process)."""
     from sweepkit.cli import start_session
-    from sweepkit.collect import collect
+    from sweepkit.grid.collect import collect
 
     grid = sweeper.path / "grids" / f"{name}.py"
     session = start_session(["list", "--rootdir", str(sweeper.path), str(grid)])

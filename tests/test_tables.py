@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 from rich.text import Text
 
-from sweepkit.tables import GAP, LAST_RESORT_FLOOR, Column, fit_widths, print_table
+from sweepkit.screen import GAP, LAST_RESORT_FLOOR, Column, fit_widths, print_table
 
 COLUMNS = [Column(header="cell"), Column(header="status"), Column(header="job", floor=8, drop=1),
            Column(header="reward", justify="right", drop=2), Column(header="failure", floor=12)]

@@ -1,6 +1,6 @@
 """Validation before anything runs: every error of every cell at once, with file:line; nothing runs."""
 
-from sweepkit.validate import check_type, runs_dir_problem
+from sweepkit.grid.validate import check_type, runs_dir_problem
 
 
 def assert_nothing_ran(sweeper):

@@ -1,5 +1,5 @@
 """Warm starts on the local executor: a cell forked from a worker that preloaded its
-target's modules is the process a cold start would have been (``sweepkit.executors.warm``).
+target's modules is the process a cold start would have been (``sweepkit.run.executors.warm``).
 
 The cell program is ``tests/warm_modules/warm_probe.py``, run as ``python -m warm_probe``;
 it reports its own argv, cwd, environment, signals and descriptors, and says whether it
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from sweepkit import state as st
-from sweepkit.cell import Cell, Target
-from sweepkit.executors import DONE, CellJob
-from sweepkit.executors.local import LocalExecutor
-from sweepkit.executors.warm import WarmStart, WarmTarget, module_of, warm_enabled
-from sweepkit.plan import mark_submitted
+from sweepkit.state import records as st
+from sweepkit.grid.cell import Cell, Target
+from sweepkit.run.executors import DONE, CellJob
+from sweepkit.run.executors.local import LocalExecutor
+from sweepkit.run.executors.warm import WarmStart, WarmTarget, module_of, warm_enabled
+from sweepkit.run.plan import mark_submitted
 
 MODULES = Path(__file__).parent / "warm_modules"
 PROBE_ARGV = ("{python}", "-m", "warm_probe", "--cell-dir", "{cell_dir}")

@@ -1,0 +1,1 @@
+"""Grid files to cells: the declarative API, collection, ids, selection, validation, profiles."""

@@ -1,0 +1,1 @@
+"""Cells to runs: plans, the runner, jobs, chains, cancel, failure classes, executors."""
