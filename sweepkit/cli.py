@@ -19,8 +19,6 @@ from sweepkit.errors import ExitCode, UsageError
 from sweepkit.grid.collect import DEFAULT_GRID_DIR, split_arg
 from sweepkit.session import Session, make_console
 
-COMMANDS = ("list", "run", "status", "report", "suggest", "compare", "cancel", "plugins")
-
 
 class _EarlyParseError(Exception):
     pass

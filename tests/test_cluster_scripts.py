@@ -1,7 +1,7 @@
 """Job scripts of the cluster plugins, rendered through the real ``sweep run --cluster NAME
 --dry-run`` (the slurm executor, no ``--executor``), against golden files in tests/golden/
 (regenerate on purpose with ``SWEEPKIT_REGEN_GOLDEN=1 python -m pytest
-tests/test_cluster_scripts.py``); refusals on that same path; the README's plugin example.
+tests/test_cluster_scripts.py``); refusals on that same path; docs/clusters.md's plugin example.
 
 The environment is a fixed fake one under the test's tmp dir, with the seeds' layout
 (``$WORK``, ``$SCRATCH_FAST``, a sandbox and a venv on scratch, ...); the golden files show
@@ -23,7 +23,7 @@ from test_sbatch import check_golden
 
 REPO = Path(__file__).resolve().parents[1]
 THROUGHPUT = REPO / "grids" / "gsm8k_throughput.py"
-README = REPO / "README.md"
+CLUSTERS_DOC = REPO / "docs" / "clusters.md"
 
 #: Variables a developer's shell may carry that would change what the plugins render.
 CLEARED = ("SWEEP_CLUSTER", "SWEEP_SLURM", "SWEEP_CONTAINER_PWD", "SWEEP_CONTAINER_BINDS", "SWEEP_HOME",
@@ -262,12 +262,12 @@ def test_a_real_run_without_sbatch_says_so(sweeper):
     assert result.ret != 0 and "sbatch is not on PATH" in result.output, result
 
 
-# -- the README's plugin example ---------------------------------------------------------------
+# -- docs/clusters.md's plugin example --------------------------------------------------------
 
 
 def readme_plugin() -> str:
-    """The ``acme_cluster.py`` block of the README's cluster section, verbatim."""
-    section = README.read_text().split("## Clusters and writing a plugin", 1)[1]
+    """The ``acme_cluster.py`` block of docs/clusters.md's plugin section, verbatim."""
+    section = CLUSTERS_DOC.read_text().split("## Writing a plugin for another cluster", 1)[1]
     blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     (plugin,) = [block for block in blocks if block.startswith("# acme_cluster.py")]
     return plugin

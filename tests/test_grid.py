@@ -133,8 +133,8 @@ def test_cell_config_hash_is_stable_and_sensitive():
 
 
 def test_the_documented_grid_examples_collect_as_written(sweeper):
-    # The README's and ARCHITECTURE's example grids, verbatim; with the smoke profile (no
-    # GPUs needed) every cell would run.
+    # The example grids of docs/grids.md, ARCHITECTURE and the README, verbatim; with the smoke
+    # profile (no GPUs needed) every cell would run.
     from test_job import readme_block
 
     architecture = re.findall(r"```python\n(# grids/example.py\n.*?)```", (REPO / "docs" / "ARCHITECTURE.md").read_text(),
@@ -142,6 +142,10 @@ def test_the_documented_grid_examples_collect_as_written(sweeper):
     assert len(architecture) == 1
     sweeper.write("grids/my_grid.py", readme_block("# grids/my_grid.py"))
     sweeper.write("grids/example.py", architecture[0])
+    sweeper.write("grids/my_sweep.py", readme_block("# grids/my_sweep.py"))
+    listed = sweeper.run("list", "grids/my_sweep.py")
+    assert listed.ret == 0, listed  # base on 3 seeds (the trainer's 42, then 43, 44), 2 + 2 axis cells, 3 named
+    assert "10 cells in 1 grid" in listed.stdout and "grids/my_sweep.py::base-seed44" in listed.stdout, listed
     for grid, cells in (("my_grid", 15), ("example", 16)):  # the second has tbs256 too
         listed = sweeper.run("list", f"grids/{grid}.py")
         assert listed.ret == 0, listed

@@ -8,10 +8,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def readme_block(first_line: str) -> str:
-    """The README's ```python block that starts with ``first_line``, as written."""
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    """The ```python block of the README or a page of docs/ that starts with ``first_line``,
+    as written (exactly one)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    blocks = [block for page in pages for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
     found = [block for block in blocks if block.startswith(first_line + "\n")]
-    assert len(found) == 1, f"README has {len(found)} python blocks starting with {first_line!r}"
+    assert len(found) == 1, f"README and docs/ have {len(found)} python blocks starting with {first_line!r}"
     return found[0]
 
 
