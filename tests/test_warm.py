@@ -99,6 +99,17 @@ def run_warm_and_cold(tmp_path: Path, **config) -> tuple[dict, dict]:
     return outcome(cold_dir), outcome(warm_dir)
 
 
+def test_under_a_driver_that_ignores_sigint_both_cells_take_it(tmp_path):
+    # `nohup sweep run ... &` or a CI runner's background job: the driver starts with SIGINT
+    # ignored, yet cancel stops a local cell with SIGINT, so the cell must take it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        cold, warm = run_warm_and_cold(tmp_path, value=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert cold["report"]["sigint"] == warm["report"]["sigint"] == str(signal.default_int_handler)
+
+
 def same_but_dirs(cold: dict, warm: dict, tmp_path: Path) -> None:
     as_text = json.dumps(cold).replace(str(tmp_path / "cold"), "<run>")
     assert json.loads(as_text) == json.loads(json.dumps(warm).replace(str(tmp_path / "warm"), "<run>"))

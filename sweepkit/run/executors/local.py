@@ -209,9 +209,15 @@ def run_local_cell(job: CellJob) -> str:
     """:func:`~sweepkit.run.job.run_cell` in a local job, which inherits SIGINT blocked from its
     controller: it takes SIGINT (Ctrl-C, the driver's cancel) again, and SIGTERM (the
     controller forwards it when the driver cancels the job before it started its cell; a
-    kill of the process group) as the same interrupt, not as submitit's signal to ignore."""
+    kill of the process group) as the same interrupt, not as submitit's signal to ignore.
+
+    SIGINT is taken even under a driver started with it ignored (``nohup sweep run ... &``, a
+    CI runner's background job): the driver cancels a local cell with SIGINT, so the cell,
+    cold or forked from the warm worker, must start with Python's default for it, as a
+    process started from a terminal does."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return run_cell(job)
 
