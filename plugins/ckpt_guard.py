@@ -18,8 +18,9 @@ its dir is wiped only when all of these held as the driver prepared the cell:
 - the dir resolves (symlinks followed) strictly inside the resolved root;
 - the wipe is not switched off (``clean_ckpt=False`` or ``CLEAN_CKPT=0``).
 
-What it deletes (the ``global_step_*`` entries and the trainer's latest-step pointer) is
-printed when the cell is prepared, before it is deleted; the job deletes the entries of
+What it deletes (the ``global_step_*`` entries and SkyRL's latest-step pointer: what this
+plugin answers ``sweep_cell_checkpoints`` with for the dir, :func:`checkpoint_entries`) is
+printed when the cell is prepared, before it is deleted; the job deletes those entries of
 the dir as resolved then, and nothing if a symlink has appeared on the way to it since. An
 unset or unknown resume mode is an error before any deletion: a script whose resume mode
 never arrived once fell back to "fresh" and deleted the checkpoint it was meant to resume
@@ -28,17 +29,23 @@ never arrived once fell back to "fresh" and deleted the checkpoint it was meant 
 A relative root (``CHECKPOINTS_DIR=ckpts``) is taken relative to the directory ``sweep``
 runs in and made absolute here, in the driver, for the plan and for the cell alike: the
 cell's process runs in its cell dir, where the same relative path names another place.
+
+The resume mode is this plugin's too: a target whose schema has ``resume_mode`` (the
+built-in trainer, a command target that declares it) gets ``"latest"`` in the
+``config.json`` of a resumed start and None in a fresh one's (``sweep_cell_start_config``),
+the explicit fresh mode this guard waits for.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Optional
 
 from sweepkit.hookspec import hookimpl
-from sweepkit.state import records as st
+from sweepkit.state.checkpoints import DeletionRefused, delete_checkpoints
 
 ROOT_ENV = "CHECKPOINTS_DIR"
 CLEAN_ENV = "CLEAN_CKPT"
@@ -46,6 +53,9 @@ CLEAN_ENV = "CLEAN_CKPT"
 RESUME_KEYS = ("resume_mode", "trainer.resume_mode")
 FRESH_MODES = (None, "null")
 RESUME_MODES = ("latest", "from_path")
+RESUME_KEY = "resume_mode"  # the key of a target's schema that takes the resume mode
+LATEST_POINTER = "latest_ckpt_global_step.txt"  # SkyRL's pointer to its latest step
+_STEP = re.compile(r"^global_step_(\d+)$")
 
 
 class CheckpointGuardError(Exception):
@@ -76,6 +86,28 @@ def is_fresh(resume_mode) -> bool:
         f"{', '.join(repr(m) for m in RESUME_MODES)}")
 
 
+def checkpoint_entries(path: Path) -> list[Path]:
+    """The ``global_step_*`` entries of a cell's checkpoint dir under the root, in step order,
+    then its latest-step pointer. Anything else there (an export, logs) is not a
+    checkpoint: it neither stops a plain run nor is deleted by ``--rerun``."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    steps = sorted((p for p in path.iterdir() if _STEP.match(p.name)), key=lambda p: int(_STEP.match(p.name)[1]))
+    pointer = path / LATEST_POINTER
+    return steps + ([pointer] if pointer.is_file() else [])
+
+
+def delete_checkpoint_entries(path: Path) -> list[Path]:
+    """Delete the :func:`checkpoint_entries` of ``path``, a dir :func:`guarded_wipe` checked
+    and resolved; DeletionRefused when a symlink has since appeared on the way to it. (The
+    cell's job does the same with the entries listed when the cell was prepared.)"""
+    path = Path(path)
+    if path.resolve() != path:
+        raise DeletionRefused(f"checkpoint dir {path} now resolves to {path.resolve()}; deleting nothing there")
+    return delete_checkpoints(checkpoint_entries(path))
+
+
 def inside_root(path: Path, root: Path) -> Path:
     """``path`` resolved (symlinks followed); CheckpointGuardError unless strictly inside ``root``."""
     resolved, resolved_root = Path(path).resolve(), Path(root).resolve()
@@ -91,8 +123,8 @@ def inside_root(path: Path, root: Path) -> Path:
 def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
                  announce: Callable[[str], None] = print) -> Path | None:
     """Check and announce the wipe of a fresh run's old checkpoints in ``ckpt_dir``; return
-    the dir, resolved, whose checkpoint entries the cell's job deletes as it starts the
-    cell (:func:`sweepkit.state.records.delete_checkpoint_entries`), or None: nothing to delete.
+    the dir, resolved, whose checkpoint entries (:func:`checkpoint_entries`) the cell's job
+    deletes as it starts the cell, or None: nothing to delete.
 
     Checks, before anything is announced: the resume mode (unset or unknown raises, a
     resume deletes nothing), that the dir resolves inside ``root``, then ``clean``. Entries
@@ -101,7 +133,7 @@ def guarded_wipe(ckpt_dir: Path, root: Path, resume_mode, *, clean: bool = True,
     if not is_fresh(resume_mode):
         return None
     resolved = inside_root(ckpt_dir, root)
-    entries = st.checkpoint_entries(resolved)
+    entries = checkpoint_entries(resolved)
     if not entries:
         return None
     names = ", ".join(entry.name for entry in entries)
@@ -209,6 +241,23 @@ def sweep_cell_ckpt_dir(cell, session):
 
 
 @hookimpl
+def sweep_cell_checkpoints(cell, directory, session):
+    """In the cell's own dir under the root (as named, or as resolved when prepared): its
+    ``global_step_*`` and latest-step pointer; elsewhere, no answer."""
+    own = ckpt_dir_of(cell, os.environ)
+    if own is None or Path(directory).resolve() != own.resolve():
+        return None
+    return checkpoint_entries(directory)
+
+
+@hookimpl
+def sweep_cell_start_config(cell, config, resume, session):
+    if cell.target.schema is None or RESUME_KEY not in cell.target.schema:
+        return {}
+    return {RESUME_KEY: "latest" if resume else None}
+
+
+@hookimpl
 def sweep_prepare_cell_dir(cell, cell_dir, fresh, rerun, session):
     directory = ckpt_dir_of(cell, os.environ)
     if directory is None:
@@ -227,7 +276,7 @@ def sweep_prepare_cell_dir(cell, cell_dir, fresh, rerun, session):
         # to delete, while sweepkit started its metrics over).
         wipe = guarded_wipe(directory, checkpoint_root(cell, os.environ), None,
                             clean=clean_enabled(cell, os.environ), announce=announce)
-    elif fresh and (kept := st.checkpoint_entries(directory)):
+    elif fresh and (kept := checkpoint_entries(directory)):
         announce(f"keeping {len(kept)} checkpoint entries in {directory} "
                  f"({', '.join(entry.name for entry in kept)}): only --rerun deletes them")
     directory.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from sweepkit import hookimpl
 from sweepkit.run.executors.warm import WarmTarget
+from sweepkit.state.records import CKPT_DIR, cell_dir
 from trainer.config import ConfigError, TrainerConfig, check_type, schema
 from trainer.data import MATH_NAMES
 from trainer.shapes import RANDOM_PREFIX, TINY_MODEL
@@ -84,6 +85,11 @@ GPU_DEFAULT_SHAPE = "random:qwen2.5-0.5b"
 GPU_TEACHER_SHAPE = "random:qwen2.5-1.5b"  # same tokenizer as the student's shape
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 COMPILE_CACHE_DIR = ".torch-compile-cache"  # in the runs dir (dot names are no grid's)
+# What the trainer writes in its checkpoint dir that is no checkpoint to resume from: written
+# before its first step (so a run stopped before it left nothing to resume), or the final
+# export; and the prefix of its half-written files, cleaned up when it next starts.
+NOT_CHECKPOINTS = frozenset({"run_info.json", "reference.safetensors", "export"})
+WRITING_PREFIX = ".tmp-"
 
 
 @hookimpl
@@ -227,6 +233,21 @@ def sweep_cell_env(cell, session):
     if cell.target.name != "trainer" or os.environ.get(COMPILE_CACHE_ENV):
         return {}
     return {COMPILE_CACHE_ENV: str(session.runs_dir / COMPILE_CACHE_DIR)}
+
+
+@hookimpl
+def sweep_cell_checkpoints(cell, directory, session):
+    """In a cell dir's own ``ckpt/``: every entry but the trainer's :data:`NOT_CHECKPOINTS` and
+    half-written files. Whatever the cell's target: a command target may run the trainer
+    through a script of its own, and sweepkit's ``{ckpt_dir}`` is where it writes them; a
+    checkpoint dir a plugin keeps elsewhere is that plugin's to answer for."""
+    own = cell_dir(session.runs_dir, cell) / CKPT_DIR
+    if Path(directory) != own:
+        return None
+    if not own.is_dir():
+        return []
+    return sorted(entry for entry in own.iterdir()
+                  if entry.name not in NOT_CHECKPOINTS and not entry.name.startswith(WRITING_PREFIX))
 
 
 @hookimpl

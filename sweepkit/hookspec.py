@@ -8,20 +8,25 @@ collecting) still gets the call and its registrations.
 
 Order of a ``sweep run``:
 
-1. start-up: :func:`sweep_addoption`, the four ``sweep_register_*`` hooks,
-   :func:`sweep_configure`;
+1. start-up: :func:`sweep_addoption`, the five ``sweep_register_*`` hooks (keys,
+   targets, executors, profiles; clusters, asked by the clusters plugin at its
+   configure), :func:`sweep_configure`;
 2. collection, once per grid file: :func:`sweep_collect_file`, and for every
    axis or product cell without an explicit id :func:`sweep_make_cell_id`;
 3. :func:`sweep_collection_modifyitems`, then :func:`sweep_deselected` with the
    cells that ``-k`` / ``-m`` / ``::CELL`` / ``--failed`` left out;
-4. :func:`sweep_validate_cell` for every selected cell (the run's plan of each cell
-   asks :func:`sweep_cell_ckpt_dir` where its checkpoints are); any error stops here;
-5. :func:`sweep_choose_executor` unless ``--executor`` names one;
-6. per cell: :func:`sweep_cell_env` and :func:`sweep_cell_args` (once with the run's
-   resume flag, once with ``resume=True`` for a chain link), for a cluster
-   executor :func:`sweep_job_resources` and :func:`sweep_job_sbatch_options` (once
-   :func:`sweep_job_concurrency_cap` per run), :func:`sweep_prepare_cell_dir`,
-   :func:`sweep_cell_started`, then :func:`sweep_cell_finished`;
+4. :func:`sweep_validate_cell` for every selected cell (the run's plan of each cell,
+   made once for the command, asks :func:`sweep_cell_ckpt_dir` where its checkpoints
+   are, :func:`sweep_cell_checkpoints` which entries there are checkpoints and
+   :func:`sweep_cell_gpus` how many GPUs it takes); any error stops here;
+5. :func:`sweep_choose_executor` unless ``--executor`` names one (asked once);
+6. per cell: :func:`sweep_cell_env`, and :func:`sweep_cell_args` and
+   :func:`sweep_cell_start_config` (once with the run's resume flag, once with
+   ``resume=True`` for a chain link), for a cluster executor
+   :func:`sweep_job_resources` and :func:`sweep_job_sbatch_options` (each once;
+   :func:`sweep_job_concurrency_cap` once per run), :func:`sweep_prepare_cell_dir` (and
+   :func:`sweep_cell_checkpoints` for each dir it names), :func:`sweep_cell_started`,
+   :func:`sweep_watch_cell` as its metric records arrive, then :func:`sweep_cell_finished`;
 7. :func:`sweep_unconfigure`.
 
 ``sweep report`` asks :func:`sweep_register_report_tables` and then
@@ -38,6 +43,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sweepkit.grid.cell import Cell, Target
+    from sweepkit.run.executors.resources import JobResources
 
     # The session object every hook gets: sweepkit.session.Session (not imported here, which
     # would tie the hook specs, imported by every plugin, to the session that loads them).
@@ -101,6 +107,28 @@ def sweep_register_profiles(register: Callable[..., None]) -> None:
         ``fn(config: dict, target_name: str) -> dict`` returns only the keys it
         changes (an empty dict for targets it does not know). Several plugins may
         register the same name; their changes apply in registration order.
+    """
+
+
+@hookspec(historic=True)
+def sweep_register_clusters(register: Callable[[Any], None]) -> None:
+    """Register the cluster a plugin's rules and job scripts are for.
+
+    :param register: ``register(cluster)`` with a :class:`sweepkit_plugins.clusters.Cluster`
+        (defined with the clusters plugin that asks for it; the core never imports plugins):
+        its ``profile`` (name, hostname patterns it is detected by, GPUs a node, walls,
+        default partition, QOS limits, the cap on running cells) and its
+        ``job_pieces(cell, environ, cell_dir)`` function, which returns the cell's
+        :class:`sweepkit.run.executors.resources.JobResources` (the clusters plugin's
+        answer to :func:`sweep_job_resources` while the cluster is active).
+
+    Asked by the clusters plugin (``sweepkit_plugins.clusters``) at its
+    :func:`sweep_configure`, each implementing plugin on its own so that a cluster's plugin
+    is known: of the registered clusters it picks the active one (``--cluster``,
+    ``$SWEEP_CLUSTER``, the hostname) and unregisters the other clusters' plugins. A plugin
+    registered after that (a ``sweepconf.py`` found while collecting) is too late to be a
+    cluster, and a module that defines a cluster's values but implements no
+    ``sweep_register_clusters`` is none.
     """
 
 
@@ -193,6 +221,26 @@ def sweep_cell_ckpt_dir(cell: "Cell", session: "Session") -> "Path | None":
     """
 
 
+@hookspec(firstresult=True)
+def sweep_cell_checkpoints(cell: "Cell", directory: "Path", session: "Session") -> "list[Path] | None":
+    """Which entries of one of the cell's checkpoint dirs are checkpoints; first answer wins.
+
+    :param directory: the cell dir's ``ckpt/`` (``{ckpt_dir}``) or the dir a plugin named
+        through :func:`sweep_cell_ckpt_dir`; it may not exist.
+    :return: the entries that are checkpoints to resume from (an empty list for none), in
+        the order they were written, or None to leave the dir to other plugins. Without
+        any answer every entry of the dir is a checkpoint (a command target's may have any
+        name).
+
+    The plan asks it to decide whether a cell holds checkpoints (a plain run of such a
+    cell stops, ``--resume`` resumes it); the driver asks it for each dir
+    :func:`sweep_prepare_cell_dir` names, and the cell's job deletes the entries it
+    answered, and only those, as it starts a ``--rerun``. The built-in trainer's plugin
+    leaves out the files it writes before its first checkpoint; the checkpoint guard
+    answers SkyRL's ``global_step_*`` and latest-step pointer for its own dirs.
+    """
+
+
 @hookspec
 def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, rerun: bool,
                            session: "Session") -> "list[Path]":
@@ -202,8 +250,8 @@ def sweep_prepare_cell_dir(cell: "Cell", cell_dir: "Path", fresh: bool, rerun: b
     :param fresh: True for a fresh run (empty checkpoint dir), False for a resume.
     :param rerun: the user asked to start the cell over (``sweep run --rerun``): the only
         case in which checkpoints it has are to be deleted.
-    :return: checkpoint dirs outside the cell dir (checked, resolved) whose
-        :func:`sweepkit.state.records.checkpoint_entries` the cell's job deletes as it starts the
+    :return: checkpoint dirs outside the cell dir (checked, resolved) whose checkpoints
+        (:func:`sweep_cell_checkpoints`, asked now) the cell's job deletes as it starts the
         cell; an empty list for none. Delete nothing here: a sweep stopped before it gets
         to the cell must leave its checkpoints.
     """
@@ -232,6 +280,24 @@ def sweep_cell_args(cell: "Cell", resume: bool, session: "Session") -> "list[str
 
 
 @hookspec
+def sweep_cell_start_config(cell: "Cell", config: "dict[str, Any]", resume: bool,
+                            session: "Session") -> "dict[str, Any]":
+    """Keys of a cell's ``config.json`` that depend on how it starts.
+
+    :param config: the target's config of the cell (a copy; change nothing in it).
+    :param resume: True for a start that continues from the latest checkpoint (a planned
+        resume, or a chain link after the head), False for a fresh start; each cell's job
+        is asked both ways, as for :func:`sweep_cell_args`.
+    :return: the keys this plugin sets for that start (an empty dict for a cell it does
+        not know). Every plugin's dicts are merged over ``config``, in pluggy's call order.
+
+    The cell's job writes the result as ``config.json`` when it starts the attempt (the
+    only place it is written). The checkpoint guard sets ``resume_mode`` of a target whose
+    schema has the key: ``"latest"`` for a resume, None for a fresh start.
+    """
+
+
+@hookspec
 def sweep_cell_started(cell: "Cell", state) -> None:
     """Called when a cell's process has started (``state``: its current on-disk state)."""
 
@@ -248,8 +314,8 @@ def sweep_watch_cell(cell: "Cell", records: "list[dict]") -> "str | None":
     ``records`` are the cell's metric records so far (``kind``, ``step`` and the numeric
     metrics each logged, NaN kept), in step order; called as new ones arrive. A guard that
     needs more than the records (the runs dir) is a plugin object bound to the session at
-    :func:`sweep_configure`, as ``sweepkit_plugins.guards``' ``ceiling_probe`` is. The runner stops a cell a guard names the
-    way ``sweep cancel`` does (the trainer checkpoints its last step) and records the
+    :func:`sweep_configure`, as ``sweepkit_plugins.guards``' ``ceiling_probe`` is. The
+    runner stops a cell a guard names the way ``sweep cancel`` does (the trainer checkpoints its last step) and records the
     attempt failed with failure class ``GUARD`` and the reason. A guard only stops: it
     never changes a cell's settings (a series must keep its hyper-parameters).
     """
@@ -268,7 +334,10 @@ def sweep_register_report_tables(register: Callable[..., None]) -> None:
         column) from the grid's :class:`sweepkit.report.tables.GridFrames`: ``frames.cells`` (every
         built-in column, a row a cell, in the grid's order) and ``frames.steps`` (a row per
         cell, kind and step, every numeric metric any cell logged). Build with expressions
-        and leave the frame lazy: the report collects all tables in one pass.
+        and leave the frame lazy: the report collects all tables in one pass. The table's
+        ``columns`` (:class:`sweepkit.report.columns.ReportColumn` specs: header, direction,
+        noise class, interval bounds, width priority) say how its new columns are shown,
+        and how ``sweep suggest`` and ``sweep compare`` read them.
     """
 
 
@@ -288,18 +357,22 @@ def sweep_register_report_formats(register: Callable[..., None]) -> None:
 
 
 @hookspec(firstresult=True)
-def sweep_job_resources(cell: "Cell", session: "Session") -> Any:
-    """A cluster's pieces of ``cell``'s job script; first answer wins.
+def sweep_job_resources(cell: "Cell", session: "Session") -> "JobResources | None":
+    """A cluster's pieces of ``cell``'s job script; first answer wins. The SLURM executor
+    asks once per cell, as it binds the cell's job.
 
-    :return: None to keep the cell's own launch keys, or an object with any of the
-        attributes ``nodes``, ``gpus_per_node``, ``time_limit`` (``[D-]HH:MM:SS``),
-        ``account``, ``partition``, ``qos``, ``preamble`` (shell lines run before the
-        command; ``#SBATCH`` lines among them go to the header), ``env`` (exported in the
-        script, quoted), ``argv_prefix`` (a container wrapper put before the cell's
-        command), ``python`` (replaces ``{python}`` in the target's argv) and
-        ``ray_bringup`` (a bash fragment starting Ray over the job's nodes), such as
-        ``sweepkit_plugins.clusters.JobPieces``. An attribute that is None keeps the
-        cell's launch key.
+    :return: None to keep the cell's own launch keys, or the cell's
+        :class:`sweepkit.run.executors.resources.JobResources`: ``nodes``,
+        ``gpus_per_node``, ``time_limit`` (``[D-]HH:MM:SS``), ``account``, ``partition``,
+        ``qos``, ``preamble`` (shell lines run before the command; ``#SBATCH`` lines among
+        them go to the header), ``env`` (exported in the script, quoted), ``argv_prefix``
+        (a container wrapper put before the cell's command), ``python`` (replaces
+        ``{python}`` in the target's argv), ``ray_bringup`` (a bash fragment starting Ray
+        over the job's nodes) and the file systems the driver's interpreter is checked
+        against. A field that is None keeps the cell's launch key. Until every cluster
+        plugin returns that class, an answer of another class with attributes of those
+        names (``sweepkit_plugins.clusters.JobPieces``) is read field by field
+        (:meth:`~sweepkit.run.executors.resources.JobResources.of`).
     """
 
 

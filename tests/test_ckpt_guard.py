@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from sweepkit.state import records as st
-from sweepkit_plugins.ckpt_guard import MISSING, CheckpointGuardError, guarded_wipe
+from sweepkit.state.checkpoints import DeletionRefused
+from sweepkit_plugins.ckpt_guard import MISSING, CheckpointGuardError, delete_checkpoint_entries, guarded_wipe
 
 
 def wipe(ckpt_dir: Path, root: Path, resume_mode, **options) -> list[Path]:
     """The guarded wipe as a fresh cell's job finishes it: checked and announced when the
     cell is prepared, then deleted as its job starts it."""
     found = guarded_wipe(ckpt_dir, root, resume_mode, **options)
-    return [] if found is None else st.delete_checkpoint_entries(found)
+    return [] if found is None else delete_checkpoint_entries(found)
 
 
 def make_steps(directory: Path, *steps: int) -> list[Path]:
@@ -122,8 +122,8 @@ def test_a_symlink_that_appears_after_the_check_stops_the_deletion(root, tmp_pat
     elsewhere = make_steps(tmp_path / "elsewhere", 4)[0].parent
     shutil.rmtree(cell)
     cell.symlink_to(elsewhere)
-    with pytest.raises(st.DeletionRefused, match="now resolves to"):
-        st.delete_checkpoint_entries(checked)
+    with pytest.raises(DeletionRefused, match="now resolves to"):
+        delete_checkpoint_entries(checked)
     assert (elsewhere / "global_step_4" / "policy" / "model.pt").is_file()
 
 

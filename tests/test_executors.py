@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 from sweepkit.run.executors import DONE, CellJob
 from sweepkit.run.executors.debug import DebugExecutor
 from sweepkit.run.executors.local import LocalExecutor, detect_gpus
-from sweepkit.run.plan import mark_submitted
+from sweepkit.state.transitions import claimed as mark_submitted
 
 
 def prepared(tmp_path: Path, name: str, gpus: int = 0, code: str = "pass") -> CellJob:
     """A cell dir in the state a driver leaves it in just before submitting."""
     directory = tmp_path / name
     directory.mkdir()
-    st.write_state(directory, st.CellState(nodeid=f"g::{name}", state="pending", config_hash="h"))
+    tr.write_state(directory, st.CellState(nodeid=f"g::{name}", state="pending", config_hash="h"))
     job = CellJob(nodeid=f"g::{name}", cell_dir=str(directory), gpus=gpus, token=name, executor="local",
                   argv=(sys.executable, "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES')); " + code))
     assert mark_submitted(job)

@@ -94,6 +94,8 @@ def test_only_the_job_of_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper,
     # for a --rerun plan: a plain run's fresh plan found ckpt/ empty, and what another
     # process wrote there since is kept.
     from sweepkit.run import plan as pl
+    from sweepkit.run.prepare import mark_pending, write_cell_files
+    from sweepkit.state.transitions import claimed as mark_submitted
     from sweepkit.state import records as st
     from sweepkit.cli import start_session
     from sweepkit.grid.collect import collect
@@ -111,10 +113,10 @@ def test_only_the_job_of_a_rerun_plan_empties_the_cell_dirs_checkpoints(sweeper,
 
     for rerun in (False, True):
         plan = pl.Plan(cell=cell, directory=directory, action=pl.FRESH, rerun=rerun)
-        pl.write_cell_files(plan, pl.mark_pending(plan, driver=sweeper.path / "driver.lock"))
+        write_cell_files(plan, mark_pending(plan, driver=sweeper.path / "driver.lock"))
         assert step.is_dir()
         job = pl.make_job(plan, "debug", session)
-        assert pl.mark_submitted(job)
+        assert mark_submitted(job)
         assert run_cell(job) == "failed"  # "stepper: stopped after step 5"
         assert step.is_dir() is not rerun
     first, second = st.read_state(directory).attempts

@@ -477,7 +477,7 @@ def test_real_trainer_cell_runs_and_reports(cpu_sweeper):
 
 def test_the_status_command_a_detached_run_prints_finds_its_runs(tmp_path, monkeypatch):
     from sweepkit.cli import start_session
-    from sweepkit.run.runner import status_command
+    from sweepkit.run.detach import status_command
 
     monkeypatch.chdir(tmp_path)
     assert status_command(start_session(["status"])) == "sweep status"

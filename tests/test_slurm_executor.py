@@ -516,6 +516,32 @@ def test_a_job_its_killed_driver_never_recorded_is_cancelled_and_counted_by_the_
 
 
 @on_cluster
+def test_a_rerun_that_cancels_a_job_its_killed_driver_never_recorded_says_so(sweeper):
+    script_grid(sweeper, "orphaned", "", steps=1, sleep=0.0)
+    answers = sweeper.path / "orphans.txt"
+    fake = sweeper.write("fakebin/sbatch", f"""\
+        #!/bin/bash
+        out=$({shutil.which("sbatch")} --begin=now+600 "$@"); code=$?
+        echo "$out" >> {answers}
+        kill -9 $PPID  # the driver, before it reads the answer
+        exit $code
+    """)
+    fake.chmod(0o755)
+    sweeper.env["PATH"] = f"{fake.parent}{os.pathsep}{os.environ['PATH']}"
+    first = background(sweeper, "run", "--executor", "slurm")
+    assert first.wait(timeout=60) == -signal.SIGKILL
+    del sweeper.env["PATH"]
+    orphan = answers.read_text().split()[-1]
+
+    rerun = sweeper.run("run", "--executor", "slurm", "--rerun", timeout=DEADLINE_S)
+    assert rerun.ret == 0 and "1 passed" in rerun.stdout, rerun
+    said = [line for line in rerun.stdout.splitlines() if line.startswith("SCANCELLED")]
+    assert len(said) == 1 and "grids/orphaned.py::base" in said[0] and f"SLURM job {orphan}" in said[0], rerun
+    assert "never recorded" in said[0], rerun
+    assert wait_for("the orphan to end", lambda: sacct_states([orphan]).get(orphan, "").startswith("CANCELLED"))
+
+
+@on_cluster
 def test_a_cell_final_on_disk_is_final_whatever_slurm_still_holds_for_it(sweeper):
     # After slurmctld is killed and started again it may requeue array tasks whose cells
     # completed meanwhile (its saved state had them running): here the driver is paused

@@ -7,9 +7,11 @@ from __future__ import annotations
 import subprocess
 import time
 
+from sweepkit.state import files as fs
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 from sweepkit.run.executors import sacct
-from sweepkit.run.executors.slurm import settle_orphans
+from sweepkit.run.executors.slurm_follow import settle_orphans
 from sweepkit.run.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, Submission, job_comment, orphan_slots
 from test_slurm_executor import cluster, on_cluster, wait_for  # noqa: F401 (cluster: a fixture)
 
@@ -88,10 +90,10 @@ def test_orphans_are_the_runs_dirs_unrecorded_jobs_and_the_driver_of_their_cell_
         # recorded the attempt), so it is adopted; its other cells' orphans are cancelled.
         cell = runs / "g" / "r"
         cell.mkdir(parents=True)
-        st.write_state(cell, st.CellState(nodeid="grids/g.py::r", state="running", config_hash="h",
+        tr.write_state(cell, st.CellState(nodeid="grids/g.py::r", state="running", config_hash="h",
                                           attempts=[st.Attempt(n=1, executor="slurm", job_id=running)],
                                           submission=st.Submission(executor="slurm", token="t")))
-        lock = st.CellLock(cell)
+        lock = fs.CellLock(cell)
         lock.acquire()
         try:
             settle_orphans(registry, {str(runs / "g" / name) for name in ("b", "c", "h", "r")})

@@ -14,14 +14,16 @@ from pathlib import Path
 import attrs
 import pytest
 
+from sweepkit.state import files as fs
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 from sweepkit.run.job import CellJob, run_cell
 from test_run import script_grid
 
 
 def pending_cell(directory: Path, token: str = "tok") -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    st.write_state(directory, st.CellState(
+    tr.write_state(directory, st.CellState(
         nodeid="grids/g.py::c", state="submitted", config_hash="h",
         submission=st.Submission(executor="test", token=token, submitted=time.time())))
 
@@ -41,7 +43,7 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 def test_state_round_trips_and_writes_leave_no_temp_files(tmp_path):
     state = st.CellState(nodeid="g::c", state="failed", config_hash="h", profile="smoke",
                          attempts=[st.Attempt(n=1, executor="local", job_id="12", returncode=1, failure="boom")])
-    st.write_state(tmp_path, state)
+    tr.write_state(tmp_path, state)
     assert st.read_state(tmp_path).attempts == state.attempts
     assert st.read_state(tmp_path).profile == "smoke"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["state.json"]
@@ -65,7 +67,7 @@ def test_a_damaged_state_file_reads_as_no_state_and_says_why(tmp_path, text, rea
     problem = st.state_problem(tmp_path)
     assert problem.path == tmp_path / "state.json" and problem.reason.startswith(reason), problem
     assert st.state_problem(tmp_path.parent) is None
-    st.update_state(tmp_path, lambda state: st.CellState(nodeid="g::c", state="pending", config_hash="h"))
+    tr.update_state(tmp_path, lambda state: st.CellState(nodeid="g::c", state="pending", config_hash="h"))
     assert st.read_state(tmp_path).state == "pending" and st.state_problem(tmp_path) is None
 
 
@@ -131,14 +133,14 @@ def test_a_damaged_cell_json_is_named_and_its_state_still_shown(sweeper):
 
 def test_lock_is_held_while_its_process_lives_and_freed_by_sigkill(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from sweepkit.state.records import CellLock; "
+        "import sys, time; from sweepkit.state.files import CellLock; "
         f"CellLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
-    st.write_state(tmp_path, st.CellState(nodeid="g::c", state="running", config_hash="h"))
+    tr.write_state(tmp_path, st.CellState(nodeid="g::c", state="running", config_hash="h"))
     assert st.is_locked(tmp_path)
     assert st.effective_state(tmp_path, st.read_state(tmp_path)) == "running"
-    assert not st.CellLock(tmp_path).acquire(blocking=False)
+    assert not fs.CellLock(tmp_path).acquire(blocking=False)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert not st.is_locked(tmp_path)
@@ -217,7 +219,7 @@ def test_outcome(state, xfail, expected):
 def test_find_cell_dirs_from_disk(tmp_path):
     for grid, cell in (("g", "base"), ("g", "tbs128"), ("h", "base")):
         (tmp_path / grid / cell).mkdir(parents=True)
-        st.write_json(tmp_path / grid / cell / "cell.json", {"nodeid": f"grids/{grid}.py::{cell}"})
+        fs.write_json(tmp_path / grid / cell / "cell.json", {"nodeid": f"grids/{grid}.py::{cell}"})
     (tmp_path / ".drivers").mkdir()
     assert [p.relative_to(tmp_path).as_posix() for p in st.find_cell_dirs(tmp_path, [])] == [
         "g/base", "g/tbs128", "h/base"]

@@ -97,3 +97,57 @@ def test_mid_rerun_a_cell_not_started_again_shows_no_numbers_of_its_old_run(swee
         for cell in ("c1", "c2"):
             numbers = {key: value for key, value in rows[cell].items() if key not in ("cell", "status", "diff")}
             assert rows[cell]["status"] == "pending" and set(numbers.values()) == {None}, rows[cell]
+
+
+def status_table(sweeper, *args: str) -> tuple[dict[str, list[str]], str]:
+    result = sweeper.run("status", *args)
+    assert result.ret == 0, result
+    return ({line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.startswith("grids/")},
+            result.stdout)
+
+
+def test_status_after_the_grid_file_changed_shows_every_cell_on_disk_and_how_it_changed(sweeper):
+    # The grid is edited while a detached run goes on: a cell is removed, another's config
+    # changed. Both ran and completed; status shows them, marked, as report does.
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    grid = script_grid(sweeper, "g", "gone = sk.cell(steps=2)\nkept = sk.cell(steps=4)", sleep=0.0)
+    assert sweeper.run("run", "--detach").ret == 0
+    deadline = time.time() + 120
+    while time.time() < deadline and status_table(sweeper)[1].splitlines()[-1] != "3 PASSED":
+        time.sleep(0.3)
+    grid.write_text(grid.read_text().replace("gone = sk.cell(steps=2)\n", "").replace("steps=4", "steps=5"))
+
+    for args in ((), ("grids/g.py",)):
+        rows, text = status_table(sweeper, *args)
+        assert rows["grids/g.py::base"][:2] == ["PASSED", "1"], text  # no mark: as it ran
+        assert rows["grids/g.py::gone"][:3] == ["PASSED", "removed", "1"], text
+        assert rows["grids/g.py::kept"][:3] == ["PASSED", "changed", "1"], text
+        assert "removed: 1 cell no longer in its grid file" in text and "changed: 1 cell its grid file" in text
+    rows, _ = status_table(sweeper, "grids/g.py::base")  # a cell named alone is shown alone
+    assert list(rows) == ["grids/g.py::base"]
+    report = sweeper.run("report", "--format", "csv", "--table", "throughput")
+    assert report.ret == 0 and "gone,passed," in report.stdout, report
+
+
+def test_a_rerun_whose_driver_was_killed_shows_the_earlier_numbers_of_the_cells_it_never_started(sweeper):
+    # The driver of a --rerun is killed (with its cells) while its first cell runs: the cells
+    # it had not started keep their earlier run's files, and status and report show that
+    # run's numbers, marked as an interrupted rerun.
+    sweeper.env["CUDA_VISIBLE_DEVICES"] = ""
+    grid = completed_grid(sweeper)
+    driver = rerun_in_flight(sweeper, grid)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver, its local job and the cell it runs
+    driver.communicate(timeout=60)
+
+    rows, text = status_table(sweeper)
+    assert rows["grids/g.py::base"][0] == "INTERRUPTED", text
+    for cell, steps in (("c1", "2"), ("c2", "4")):
+        # status, grid (the rerun changed their config), attempts, step, then the earlier numbers
+        assert rows[f"grids/g.py::{cell}"][:4] == ["RERUN-INTERRUPTED", "changed", "1", steps], text
+    report = sweeper.run("report", "--format", "json")
+    assert report.ret == 0, report
+    (document,) = [json.loads(line) for line in report.stdout.splitlines()]
+    rows = {row["cell"]: row for row in document["tables"]["throughput"]}
+    for cell, steps in (("c1", 2), ("c2", 4)):
+        assert (rows[cell]["status"], rows[cell]["steps"]) == ("rerun-interrupted", steps), rows[cell]
+        assert rows[cell]["sec_per_step"] is not None

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 from sweepkit.grid.cell import Cell, Target
 from sweepkit.run.executors import DONE, CellJob
 from sweepkit.run.executors.local import LocalExecutor
 from sweepkit.run.executors.warm import WarmStart, WarmTarget, module_of, warm_enabled
-from sweepkit.run.plan import mark_submitted
+from sweepkit.state.transitions import claimed as mark_submitted
 
 MODULES = Path(__file__).parent / "warm_modules"
 PROBE_ARGV = ("{python}", "-m", "warm_probe", "--cell-dir", "{cell_dir}")
@@ -45,7 +46,7 @@ def prepared(tmp_path: Path, name: str, target: Target = WARM, **config) -> tupl
     directory = tmp_path / name
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(config))
-    st.write_state(directory, st.CellState(nodeid=f"g::{name}", state="pending", config_hash="h"))
+    tr.write_state(directory, st.CellState(nodeid=f"g::{name}", state="pending", config_hash="h"))
     argv = target.render_argv(python=sys.executable, cell_dir=str(directory))
     job = CellJob(nodeid=f"g::{name}", cell_dir=str(directory), token=name, executor="local", argv=argv,
                   env={"SWEEP_CELL": f"g::{name}"})

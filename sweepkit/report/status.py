@@ -6,7 +6,14 @@ per-step frames that ``sweep report`` and the live display use too
 (:func:`sweepkit.state.metrics.summary`: the expressions of ``metrics.SUMMARY``). So ``status`` works while
 a driver runs, after it exited, and after it was killed. A cell whose fresh attempt has
 not started yet shows no numbers (and no job or failure of its earlier run): the files it
-still holds until it starts are that run's.
+still holds until it starts are that run's. One whose fresh attempt its driver will never
+start (a ``--rerun`` whose driver was killed first) shows that earlier run's numbers, as
+``RERUN-INTERRUPTED``.
+
+The grid file may have changed since the cells ran (edited after ``--detach``, say). Of a
+grid named whole (every grid, with no path), every cell with runs on disk is shown, those
+the grid no longer has marked ``removed``; a cell whose config the grid has changed since
+it ran (under the profile it ran with) is marked ``changed``.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from rich.text import Text
 
@@ -27,10 +36,12 @@ from sweepkit.state import records as st
 BAD_LINES_SHOWN = 3  # of a metrics file, named one by one; the rest are counted
 # The table of ``sweep status``: a cell's node id and state are always shown whole; at a
 # narrow width the failure and the job are cut, then the job, the time since the last
-# metrics line and the reward are left out, in that order.
+# metrics line and the reward are left out, in that order. The "grid" column, shown only
+# where a cell has one, says how the grid file changed since the cell ran.
 COLUMNS = (
     Column(header="cell"),
     Column(header="status"),
+    Column(header="grid"),
     Column(header="try", justify="right"),
     Column(header="step", justify="right"),
     Column(header="s/step", justify="right"),
@@ -79,25 +90,44 @@ def _natural(text: str) -> list:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part]
 
 
-def status_rows(runs_dir, specs, display=str) -> list[dict]:
+REMOVED, CHANGED = "removed", "changed"
+GRID_NOTES = {
+    REMOVED: "no longer in its grid file; its runs stay (sweep report shows them too)",
+    CHANGED: "its grid file has changed its config since it ran (sweep run --rerun runs it as it is now)",
+}
+
+
+def status_rows(runs_dir, specs, display=str, *, grids: Iterable[str] = (),
+                current_hash: Callable[[object, str | None], str | None] | None = None) -> list[dict]:
     """One dict per cell with the values ``sweep status`` shows (plain values, for tests
     and other front ends); ``warnings`` lists what of its files cannot be read, with paths
-    as ``display`` shows them."""
+    as ``display`` shows them. ``grids``: grid names whose every cell dir is shown, those
+    ``specs`` do not name marked ``removed``; ``current_hash(cell, profile)``: a named
+    cell's config hash as its grid has it now under ``profile`` (None: unknown), for the
+    ``changed`` mark."""
     try:
         directories = st.find_cell_dirs(runs_dir, specs)
     except ValueError as error:
         raise UsageError(str(error)) from None
     # A collected cell that never ran has no files to name it yet.
-    nodeids = {st.cell_dir(runs_dir, spec): spec.nodeid for spec in specs or () if hasattr(spec, "grid_name")}
-    rows = []
-    now = time.time()
+    cells = {st.cell_dir(runs_dir, spec): spec for spec in specs or () if hasattr(spec, "grid_name")}
+    nodeids = {directory: cell.nodeid for directory, cell in cells.items()}
     views = [st.view(directory) for directory in directories]
     if not any(hasattr(spec, "grid_name") for spec in specs or ()):
         # Found on disk, by name: each grid's cells in its file's order, the grids as found.
-        grids = list(dict.fromkeys(directory.parent for directory in directories))
-        pairs = sorted(zip(directories, views), key=lambda pair: (grids.index(pair[0].parent), grid_order(pair[1])))
+        order = list(dict.fromkeys(directory.parent for directory in directories))
+        pairs = sorted(zip(directories, views), key=lambda pair: (order.index(pair[0].parent), grid_order(pair[1])))
         directories, views = [d for d, _ in pairs], [v for _, v in pairs]
+    named = set(directories)
+    gone = [directory for grid in sorted(set(grids)) for directory in st.cell_dirs(Path(runs_dir) / grid)
+            if directory not in named]
+    gone_views = sorted((st.view(directory) for directory in gone),
+                        key=lambda view: (view.directory.parent.name, grid_order(view)))
+    directories += [view.directory for view in gone_views]
+    views += gone_views
     records = failures.job_records(views)  # SLURM job states: liveness and failure classes
+    rows = []
+    now = time.time()
     for directory, cell in zip(directories, views):
         # A cell waiting to start over keeps its earlier run's files until it starts: none
         # of their numbers are this attempt's.
@@ -108,6 +138,7 @@ def status_rows(runs_dir, specs, display=str) -> list[dict]:
         rows.append({
             "cell": nodeids.get(directory, cell.nodeid),
             "status": status,
+            "grid": REMOVED if directory not in named else _changed(cells.get(directory), cell, current_hash),
             "attempts": len(cell.state.attempts) if cell.state else 0,
             "step": summary.step,
             "sec_per_step": summary.sec_per_step,
@@ -120,10 +151,61 @@ def status_rows(runs_dir, specs, display=str) -> list[dict]:
     return rows
 
 
-def show_status(session, specs) -> int:
+def _changed(cell, view: st.CellView, current_hash) -> str | None:
+    """``changed`` for a cell that ran with another config than its grid has now (not one
+    waiting to start over: the attempt it waits for runs the grid's)."""
+    state = view.state
+    if cell is None or current_hash is None or state is None or not state.attempts or view.stale_files:
+        return None
+    now = current_hash(cell, state.profile)
+    return CHANGED if now is not None and now != state.config_hash else None
+
+
+def profiled_hashes(session) -> Callable[[object, str | None], str | None]:
+    """``current_hash(cell, profile)`` for :func:`status_rows`: the cell's config hash under
+    the profile its last run had (each profile applied once per grid's cells)."""
+    from sweepkit.grid.profile import apply_profile
+
+    known: dict[tuple[str, str | None], str | None] = {}
+
+    def current_hash(cell, profile: str | None) -> str | None:
+        key = (cell.nodeid, profile)
+        if key not in known:
+            if profile is None:
+                known[key] = cell.config_hash()
+            else:
+                try:
+                    (profiled,) = apply_profile(session, [cell], profile)
+                except (UsageError, ValueError):
+                    profiled = None  # a profile this session does not know: say nothing
+                known[key] = profiled.config_hash() if profiled is not None else None
+        return known[key]
+
+    return current_hash
+
+
+def _grid_file_gone(grid_dir: Path, rootdir: Path) -> bool:
+    """The grid file the cells of ``grid_dir`` were collected from is no longer there."""
+    for directory in st.cell_dirs(grid_dir):
+        try:
+            grid = (st.read_cell_record(directory) or {}).get("grid")
+        except st.DamagedFile:
+            continue
+        if grid:
+            return not (Path(rootdir) / grid).exists()
+    return False
+
+
+def show_status(session, specs, *, whole_grids: Iterable[str] = (), every_grid: bool = False) -> int:
     """Print the status table of the cells named by ``specs`` (grid files, node ids,
-    cells, or nothing for every grid under the runs dir)."""
-    rows = status_rows(session.runs_dir, specs, session.display_path)
+    cells, or nothing for every grid under the runs dir), with every cell on disk of the
+    ``whole_grids`` (``every_grid``: also of the runs dir's grids whose file is gone)."""
+    grids = set(whole_grids)
+    if every_grid:  # and the runs of grid files that are gone
+        grids |= {directory.name for directory in st.grid_dirs(session.runs_dir)
+                  if directory.name not in grids and _grid_file_gone(directory, session.rootdir)}
+    rows = status_rows(session.runs_dir, specs, session.display_path, grids=grids,
+                       current_hash=profiled_hashes(session))
     for row in rows:
         for line in row["warnings"]:
             session.err_console.print(f"WARNING: {line}", markup=False)
@@ -133,6 +215,7 @@ def show_status(session, specs) -> int:
     values = [(
         Text(row["cell"]),
         status_text(row["status"]),
+        Text(row["grid"] or "", style="yellow"),
         Text(str(row["attempts"])),
         Text("" if row["step"] is None else str(row["step"])),
         Text(fmt_number(row["sec_per_step"])),
@@ -153,4 +236,9 @@ def show_status(session, specs) -> int:
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     session.console.print(", ".join(f"{n} {label(status)}" for status, n in counts.items()), markup=False)
+    for mark, note in GRID_NOTES.items():
+        marked = [row["cell"] for row in rows if row["grid"] == mark]
+        if marked:
+            session.console.print(f"{mark}: {len(marked)} cell{'s' * (len(marked) != 1)} {note}: "
+                                  f"{', '.join(marked)}", markup=False)
     return ExitCode.OK

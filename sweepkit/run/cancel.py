@@ -31,7 +31,9 @@ from sweepkit.errors import ExitCode, UsageError
 from sweepkit.run import failures
 from sweepkit.run.executors import sacct
 from sweepkit.run.executors.slurm_jobs import Registry, alive
+from sweepkit.state import files as fs
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 
 # How long to wait for cancelled jobs to leave the queue (KillWait is 30 s on most clusters).
 SETTLE_TIMEOUT_S = 90.0
@@ -94,26 +96,7 @@ def wait_until_gone(cancelled: list[Cancelled], timeout_s: float = SETTLE_TIMEOU
 def mark_cancelled(target: Cancelled) -> bool:
     """Record the cell ``cancelled`` if it is still the submission that was cancelled and
     its job is no longer running it; True when recorded."""
-    if st.is_locked(target.directory):
-        return False
-    done = []
-
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or (target.token and (state.submission is None or state.submission.token != target.token)):
-            return None
-        if state.state == "completed":
-            return None
-        attempts = state.attempts
-        if state.state in ("running", "failed", "submitted") and attempts and attempts[-1].failure_class is None:
-            last = attempts[-1]
-            attempts = (*attempts[:-1], attrs.evolve(last, ended=last.ended or time.time(),
-                                                     failure=last.failure or "cancelled by sweep cancel",
-                                                     failure_class=failures.CANCELLED))
-        done.append(True)
-        return attrs.evolve(state, state="cancelled", attempts=attempts)
-
-    st.update_state(target.directory, change)
-    return bool(done)
+    return tr.cancelled(target.directory, token=target.token, failure_class=failures.CANCELLED)
 
 
 @attrs.frozen
@@ -209,7 +192,7 @@ def cancel_command(session, specs) -> int:
         if orphans:  # a driver killed with SIGKILL leaves its local cells running, unled
             for directory in orphans:
                 console.print(f"still running with no live sweep run to stop: {session.display_path(directory)} "
-                              f"(its process: {st.lock_holder(directory)})", markup=False)
+                              f"(its process: {fs.lock_holder(directory)})", markup=False)
             return ExitCode.CELLS_FAILED
         if not drivers:
             console.print(f"no running cell or SLURM job to cancel among {len(directories)} cell(s)", markup=False)

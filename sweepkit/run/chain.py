@@ -19,14 +19,16 @@ What each link does (:func:`run_link`, the function submitit runs):
   finished the run) is not trained again; the link exits at once and cancels the links
   after it. A cell that another submission took over, or that ``sweep cancel`` marked
   cancelled, is left alone too;
-- otherwise it runs the cell as a resume: ``SWEEP_RESUME=1``, the job's resumed command
-  (``CellJob.resume_argv``: the plugins' arguments for a resume, such as SkyRL's
-  ``++trainer.resume_mode=latest``) and, for a target with a ``resume_mode`` key,
-  ``resume_mode=latest`` in ``config.json``, so the step count
-  continues from the latest checkpoint and nothing is trained twice;
+- otherwise it runs the cell as a resume (:func:`sweepkit.run.job.resumed`): ``SWEEP_RESUME=1``,
+  the job's resumed command (``CellJob.resume_argv``: the plugins' arguments for a resume,
+  such as SkyRL's ``++trainer.resume_mode=latest``) and its resumed config
+  (``CellJob.resume_config``: the plugins' ``sweep_cell_start_config`` for a resume, such
+  as ``resume_mode=latest`` for a target with that key), which the job writes as it starts,
+  so the step count continues from the latest checkpoint and nothing is trained twice;
 - when the cell completes it cancels the links still queued behind it; when it fails or
   times out and a link is still to come, the cell is recorded as ``submitted`` again
-  (waiting for that link) rather than ``failed``.
+  (waiting for that link, :func:`sweepkit.state.transitions.waiting_for_link`) rather than
+  ``failed``.
 """
 
 from __future__ import annotations
@@ -36,13 +38,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import attrs
-
 from sweepkit.run.executors import sacct
 from sweepkit.run.executors import sbatch as sb
-from sweepkit.run.job import CellJob, run_cell
-from sweepkit.run.plan import RESUME_ENV, RESUME_KEY
+from sweepkit.run.job import CellJob, resumed, run_cell
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 
 
 def chain_ids(state: st.CellState | None, token: str) -> list[str]:
@@ -50,21 +50,6 @@ def chain_ids(state: st.CellState | None, token: str) -> list[str]:
     if state is None or state.submission is None or state.submission.token != token:
         return []
     return sacct.split_ids([state.submission.job_id])
-
-
-def resumed(job: CellJob) -> CellJob:
-    """The same cell job continuing from the latest checkpoint: its resumed command (a
-    target's resume arguments, e.g. SkyRL's ``++trainer.resume_mode=latest``) and env."""
-    return attrs.evolve(job, argv=job.resume_argv or job.argv, resume=True, env={**job.env, RESUME_ENV: "1"})
-
-
-def as_resume(job: CellJob) -> CellJob:
-    """:func:`resumed`, with ``resume_mode=latest`` written into the cell's ``config.json``."""
-    config_path = Path(job.cell_dir) / st.CONFIG_FILE
-    config = st.read_json(config_path)
-    if isinstance(config, dict) and RESUME_KEY in config and config[RESUME_KEY] != "latest":
-        st.write_json(config_path, {**config, RESUME_KEY: "latest"})
-    return resumed(job)
 
 
 def _cancel_after(job: CellJob, link: int) -> None:
@@ -86,12 +71,12 @@ def run_link(job: CellJob, link: int = 0, links: int = 1) -> str:
             if state.state == "completed":
                 _cancel_after(job, link)
             return "skipped"
-        job = as_resume(job)
+        job = resumed(job)
     final = run_cell(job)
     if final == "completed":
         _cancel_after(job, link)
     elif final in ("failed", "cancelled") and link < links - 1:
-        _wait_for_next_link(job)
+        tr.waiting_for_link(job)
     return final
 
 
@@ -110,14 +95,3 @@ def name_array_task(job: CellJob, environ=os.environ) -> None:
                        capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         pass
-
-
-def _wait_for_next_link(job: CellJob) -> None:
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or state.submission is None or state.submission.token != job.token:
-            return None
-        if state.state not in ("failed", "cancelled"):
-            return None
-        return attrs.evolve(state, state="submitted")
-
-    st.update_state(Path(job.cell_dir), change)

@@ -9,6 +9,7 @@ state from ``sacct``, when there is one) and from the tail of its logs, in this 
 2. submitit's "timed-out and not checkpointable" (its warning signal came before the
    limit; see docs/local-slurm.md) -> ``TIMEOUT``;
 3. the log tail: out-of-memory messages (CUDA, host, the cgroup OOM killer) -> ``OOM``;
+   a full file system or a spent quota (also as the job recorded it) -> ``DISK_FULL``;
    NCCL errors and watchdog timeouts -> ``NCCL``; a Python traceback -> ``EXCEPTION`` with
    its last line, but one that ends in ``KeyboardInterrupt`` is the interrupt's own
    (Ctrl-C reached the command outside its handlers) -> ``CANCELLED``;
@@ -35,6 +36,7 @@ from sweepkit.state import records as st
 OOM, TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED = "OOM", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "CANCELLED"
 NCCL, EXCEPTION, UNKNOWN, XFAIL = "NCCL", "EXCEPTION", "UNKNOWN", "XFAIL"
 GUARD = "GUARD"  # stopped by a live guard (sweep_watch_cell), the rule in the attempt's failure
+DISK_FULL = "DISK_FULL"  # no space left where the cell writes (its runs dir, its checkpoints)
 
 SCHEDULER_STATES = {
     "OUT_OF_MEMORY": OOM,
@@ -53,6 +55,8 @@ OOM_PATTERNS = re.compile(
     r"No available memory for the cache blocks",
     re.IGNORECASE,
 )
+DISK_FULL_PATTERNS = re.compile(r"No space left on device|Disk quota exceeded|\bENOSPC\b|\bEDQUOT\b",
+                                re.IGNORECASE)
 NCCL_PATTERNS = re.compile(
     r"NCCL error|\bnccl\w*Error\b|Watchdog caught collective operation timeout|"
     r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:timeout|timed out|error)|DistBackendError",
@@ -98,7 +102,7 @@ def classify(*, job_state: str | None = None, log_tail: str = "", failure: str |
     if SUBMITIT_TIMEOUT in failure or SUBMITIT_TIMEOUT in log_tail:
         return Failure(TIMEOUT, "submitit's time-limit signal stopped the job")
     lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
-    for pattern, kind in ((OOM_PATTERNS, OOM), (NCCL_PATTERNS, NCCL)):
+    for pattern, kind in ((OOM_PATTERNS, OOM), (DISK_FULL_PATTERNS, DISK_FULL), (NCCL_PATTERNS, NCCL)):
         matched = _last_match(lines, pattern) or (failure if pattern.search(failure) else None)
         if matched:
             return Failure(kind, _detail(matched))

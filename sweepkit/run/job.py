@@ -4,10 +4,12 @@
 a second job for the same cell waits instead of running alongside), checks that it is
 still the job the last driver asked for, starts a fresh run over (deletes what
 ``CellJob.fresh`` names of the cell's earlier run, here and never earlier, so that a sweep
-stopped before it got to a cell leaves that cell's earlier run whole), records the
-attempt, runs the cell's command as a child process with its output in ``stdout.log`` /
-``stderr.log``, and records the end.
-It imports only the standard library, attrs and ``sweepkit.state.records``, so a job starts fast.
+stopped before it got to a cell leaves that cell's earlier run whole), writes the cell's
+``config.json`` for this start (the only place it is written: fresh, resumed or a chain
+link's resume, ``CellJob.config``), runs the cell's command as a child process with its
+output in ``stdout.log`` / ``stderr.log``, and hands what happened (the attempt's start,
+its exit) to the transitions of :mod:`sweepkit.state.transitions`, which record it.
+It imports only the standard library, attrs and ``sweepkit.state``, so a job starts fast.
 """
 
 from __future__ import annotations
@@ -15,18 +17,20 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from sweepkit.state import checkpoints
+from sweepkit.state import files as fs
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 
+RESUME_ENV = "SWEEP_RESUME"  # "1" in a cell's environment when it is to continue from its checkpoint
 # How long a child gets between SIGTERM and SIGKILL when its job is interrupted: a
 # trainer finishes its step and checkpoints it (a GPU step can take half a minute).
 TERMINATE_GRACE_S = 60.0
@@ -42,15 +46,16 @@ class FreshStart:
 
     The earlier run's ``metrics.jsonl`` and logs go; with ``rerun`` (``sweep run --rerun``)
     every entry of the cell dir's ``ckpt/`` (never through a ``ckpt/`` linked out of the
-    cell dir) and the checkpoint entries of ``checkpoint_dirs``, the dirs outside the cell
-    dir that a plugin keeps its checkpoints in and checked (``sweep_prepare_cell_dir``).
-    Then the new attempt's ``files`` (``cell.json``, ``config.json``) are written and its
-    ``config_hash`` / ``profile`` recorded: until now they described the earlier run.
+    cell dir) and ``checkpoint_entries``, the checkpoints of dirs outside the cell dir that
+    a plugin keeps them in, checked and listed when the driver prepared the cell
+    (``sweep_prepare_cell_dir``, ``sweep_cell_checkpoints``). Then the new attempt's
+    ``record`` (``cell.json``) is written and its ``config_hash`` / ``profile`` recorded:
+    until now they described the earlier run.
     """
 
     rerun: bool = False
-    checkpoint_dirs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
-    files: Mapping[str, Any] = attrs.field(factory=dict)
+    checkpoint_entries: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    record: Mapping[str, Any] | None = None
     config_hash: str
     profile: str | None = None
 
@@ -61,10 +66,12 @@ class CellJob:
 
     ``env`` is added to the job's inherited environment; it already holds the ``SWEEP_*``
     variables, the hooks' variables and, for GPU placement, ``CUDA_VISIBLE_DEVICES``.
-    ``resume_argv`` is the command of the same cell continued from its latest checkpoint
-    (what a chain link after the head runs); empty: ``argv``. ``fresh`` is what a fresh
-    run deletes and writes when it starts; a resumed job (``resume``, which every chain
-    link after the head is) ignores it and goes on from what is there.
+    ``config`` is the ``config.json`` this start writes (None: the job leaves the file as
+    it is); ``resume_argv`` and ``resume_config`` are the command and config of the same
+    cell continued from its latest checkpoint (what a chain link after the head runs;
+    empty: ``argv``, ``config``). ``fresh`` is what a fresh run deletes and writes when it
+    starts; a resumed job (``resume``, which every chain link after the head is) ignores
+    it and goes on from what is there.
     """
 
     nodeid: str
@@ -72,11 +79,21 @@ class CellJob:
     argv: tuple[str, ...] = attrs.field(converter=_str_tuple)
     resume_argv: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     env: Mapping[str, str] = attrs.field(factory=dict)
+    config: Mapping[str, Any] | None = None
+    resume_config: Mapping[str, Any] | None = None
     gpus: int = 0
     resume: bool = False
     token: str
     executor: str
     fresh: FreshStart | None = None
+
+
+def resumed(job: CellJob) -> CellJob:
+    """The same cell job continuing from the latest checkpoint: its resumed command (a
+    target's resume arguments, e.g. SkyRL's ``++trainer.resume_mode=latest``), config
+    (``resume_mode=latest`` for a target that has the key) and env."""
+    return attrs.evolve(job, argv=job.resume_argv or job.argv, config=job.resume_config or job.config,
+                        resume=True, env={**job.env, RESUME_ENV: "1"})
 
 
 def current_job_id() -> str | None:
@@ -101,7 +118,7 @@ def run_cell(job: CellJob, job_id: str | None = None, *, reraise_interrupt: bool
     the cell is raised again once the cell's end is recorded (the caller was interrupted
     too)."""
     directory = Path(job.cell_dir)
-    lock = st.CellLock(directory)
+    lock = fs.CellLock(directory)
     lock.acquire(blocking=True)
     try:
         if not _is_current(job, directory):
@@ -109,19 +126,21 @@ def run_cell(job: CellJob, job_id: str | None = None, *, reraise_interrupt: bool
         if _already_completed(job, directory):
             return "completed"  # the same submission ran the cell to its end (a requeued job)
         deleted, refused = _start_over(job, directory)
-        attempt = _start_attempt(job, directory, job_id or current_job_id(), deleted, refused)
+        if refused is None:
+            refused = _write_config(job, directory)
+        attempt = tr.started(job, job_id=job_id or current_job_id(), deleted=deleted, refused=refused)
         if attempt is None:
             return "superseded"
         if refused is not None:
             return "failed"
-        returncode, failure, final, interruption = _run_child(job, directory, lock.fd)
+        ended = _run_child(job, directory, lock.fd)
         # The interrupt that reached this job may come again (the driver cancels its jobs
         # after the terminal's Ctrl-C): it is the same request, and must not cut the record short.
-        with ignoring(signal.SIGINT) if interruption is not None else contextlib.nullcontext():
-            _finish_attempt(directory, attempt.n, returncode, failure, final)
-        if reraise_interrupt and isinstance(interruption, KeyboardInterrupt):
-            raise interruption
-        return final
+        with ignoring(signal.SIGINT) if ended.interruption is not None else contextlib.nullcontext():
+            tr.finished(directory, attempt.n, returncode=ended.returncode, failure=ended.failure, final=ended.final)
+        if reraise_interrupt and isinstance(ended.interruption, KeyboardInterrupt):
+            raise ended.interruption
+        return ended.final
     finally:
         lock.release()
 
@@ -150,52 +169,44 @@ def _start_over(job: CellJob, directory: Path) -> tuple[tuple[str, ...], str | N
     deleted: list[Path] = []
     try:
         if fresh.rerun:
-            deleted += st.wipe_checkpoints(directory)
-        for path in fresh.checkpoint_dirs:
-            deleted += st.delete_checkpoint_entries(Path(path))
-    except (st.DeletionRefused, OSError) as error:
+            deleted += checkpoints.wipe_checkpoints(directory)
+        deleted += checkpoints.delete_checkpoints(map(Path, fresh.checkpoint_entries))
+    except (checkpoints.DeletionRefused, OSError) as error:
         return tuple(map(str, deleted)), f"not started: {error}"
     for name in (st.METRICS_FILE, st.STDOUT_FILE, st.STDERR_FILE):
         (directory / name).unlink(missing_ok=True)
-    for name, data in fresh.files.items():
-        st.write_json(directory / name, data)
+    if fresh.record is not None:
+        try:
+            fs.write_json(directory / st.CELL_FILE, fresh.record)
+        except OSError as error:
+            return tuple(map(str, deleted)), f"not started: {error}"
     return tuple(map(str, deleted)), None
 
 
-def _start_attempt(job: CellJob, directory: Path, job_id: str | None, deleted: tuple[str, ...] = (),
-                   refused: str | None = None) -> st.Attempt | None:
-    started: list[st.Attempt] = []
-
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or state.submission is None or state.submission.token != job.token:
-            return None
-        now = time.time()
-        attempt = st.Attempt(
-            n=len(state.attempts) + 1,
-            executor=job.executor,
-            job_id=job_id or state.submission.job_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            resume=job.resume,
-            devices=job.env.get("CUDA_VISIBLE_DEVICES"),
-            started=now,
-            ended=now if refused is not None else None,
-            failure=refused,
-            deleted=deleted,
-        )
-        started.append(attempt)
-        if refused is not None:  # the earlier run's files (what is left of them) stay its own
-            return attrs.evolve(state, state="failed", attempts=(*state.attempts, attempt))
-        if job.fresh is not None and not job.resume:
-            state = attrs.evolve(state, config_hash=job.fresh.config_hash, profile=job.fresh.profile)
-        return attrs.evolve(state, state="running", attempts=(*state.attempts, attempt), previous=None)
-
-    st.update_state(directory, change)
-    return started[0] if started else None
+def _write_config(job: CellJob, directory: Path) -> str | None:
+    """Write the ``config.json`` of this start; why the cell is not started, if it cannot be."""
+    if job.config is None:
+        return None
+    try:
+        fs.write_json(directory / st.CONFIG_FILE, dict(job.config))
+    except OSError as error:
+        return f"not started: {error}"
+    return None
 
 
-def _run_child(job: CellJob, directory: Path, lock_fd: int):
-    """(returncode, failure, final state, the interruption that ended it or None)."""
+@attrs.frozen
+class Ended:
+    """How the cell's command ended: its return code, the failure text (None when it
+    passed), the cell's final state, and the interruption that ended it, if one did."""
+
+    returncode: int | None
+    failure: str | None
+    final: str
+    interruption: BaseException | None = None
+
+
+def _run_child(job: CellJob, directory: Path, lock_fd: int) -> Ended:
+    """Run the cell's command to its end (or until this job is interrupted)."""
     # A resumed run keeps the earlier output, so metrics read from stdout stay continuous.
     mode = "a" if job.resume else "w"
     env = {**os.environ, **added_env(job)}
@@ -215,12 +226,12 @@ def _run_child(job: CellJob, directory: Path, lock_fd: int):
         except BaseException as interruption:  # KeyboardInterrupt, submitit's timeout, SystemExit
             _terminate(child)
             if child.returncode == 0:  # it had reached its end: there was nothing left to stop
-                return 0, None, "completed", interruption
+                return Ended(0, None, "completed", interruption)
             failure = f"interrupted: {type(interruption).__name__} {interruption}".strip()
-            return child.returncode, failure, "cancelled", interruption
+            return Ended(child.returncode, failure, "cancelled", interruption)
     if returncode == 0:
-        return 0, None, "completed", None
-    return returncode, _describe_failure(returncode, directory / st.STDERR_FILE), "failed", None
+        return Ended(0, None, "completed")
+    return Ended(returncode, _describe_failure(returncode, directory), "failed")
 
 
 def _terminate(child: subprocess.Popen) -> None:
@@ -252,13 +263,17 @@ def ignoring(*signums: int):
             signal.signal(signum, handler)
 
 
-def _describe_failure(returncode: int, stderr_path: Path) -> str:
+def _describe_failure(returncode: int, directory: Path) -> str:
     if returncode < 0:
         cause = f"killed by {signal.Signals(-returncode).name}"
     else:
         cause = f"exit code {returncode}"
-    last = last_line(stderr_path)
-    return f"{cause}: {last}" if last else cause
+    last = last_line(directory / st.STDERR_FILE)
+    failure = f"{cause}: {last}" if last else cause
+    if fs.no_space_left(directory):
+        # Its stderr may not even hold the error: the file system it writes to is full.
+        failure += f" (no space left on device: {directory}'s file system is full)"
+    return failure
 
 
 def last_line(path: Path, tail_bytes: int = 8192) -> str | None:
@@ -274,16 +289,3 @@ def last_line(path: Path, tail_bytes: int = 8192) -> str | None:
         if line.strip():
             return line.strip()[:300]
     return None
-
-
-def _finish_attempt(directory: Path, n: int, returncode: int | None, failure: str | None, final: str) -> None:
-    def change(state: st.CellState | None) -> st.CellState | None:
-        attempts = tuple(
-            attrs.evolve(attempt, ended=time.time(), returncode=returncode, failure=failure)
-            if attempt.n == n
-            else attempt
-            for attempt in state.attempts
-        )
-        return attrs.evolve(state, state=final, attempts=attempts)
-
-    st.update_state(directory, change)

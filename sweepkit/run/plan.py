@@ -1,4 +1,6 @@
-"""What ``sweep run`` does with each selected cell, decided from the cell's state on disk.
+"""What ``sweep run`` does with each selected cell, decided from the cell's state on disk:
+a pure plan per cell, made once per command (:class:`sweepkit.run.context.RunContext`) and
+used by validation, ``--dry-run`` and the run itself; and the job a planned cell runs.
 
 =======================================  ==========  ===================  ==================
 state on disk                            plain run   ``--rerun``          ``--resume``
@@ -16,42 +18,40 @@ a cluster's queue (``queued``)                       are cancelled)
 
 "attach" means waiting for the run some other driver started, never starting a second one.
 A cell with checkpoints is never silently started over nor silently resumed. Its
-checkpoints are what its cell dir's ``ckpt/`` holds and, for a cell whose checkpoints a
-plugin keeps elsewhere (a SkyRL cell's ``$CHECKPOINTS_DIR/<grid>/<cell>``), the
-``global_step_*`` entries and latest-step pointer of that directory
-(:func:`sweepkit.state.records.checkpoint_entries`): the plugin names it through
-``sweep_cell_ckpt_dir`` (:func:`checkpoint_dir`), the same answer its guarded wipe acts on.
-Only ``--rerun`` deletes checkpoints, and a ``--rerun`` of a cell whose ``ckpt/`` is a
-symlink out of its cell dir is refused (nothing is deleted through it).
+checkpoints are the entries of its cell dir's ``ckpt/`` and, for a cell whose checkpoints
+a plugin keeps elsewhere (a SkyRL cell's ``$CHECKPOINTS_DIR/<grid>/<cell>``, named
+through ``sweep_cell_ckpt_dir``: :func:`checkpoint_dir`), of that directory, which the
+plugins say are checkpoints (``sweep_cell_checkpoints``: :func:`checkpoints_in`; without
+an answer, every entry). Only ``--rerun`` deletes checkpoints, and a ``--rerun`` of a cell
+whose ``ckpt/`` is a symlink out of its cell dir is refused (nothing is deleted through it).
 
-Nothing of a cell's earlier run is deleted when it is planned or prepared: the job that
-starts the fresh attempt deletes it (``sweepkit.run.job.FreshStart``), so a sweep stopped
-before it got to a cell leaves that cell's run whole, and a driver that gives up a
-pending attempt puts the cell's earlier state back (:func:`mark_cancelled`).
+Nothing here writes: the driver marks a planned cell pending and prepares its dir
+(:mod:`sweepkit.run.prepare`), and the job that starts a fresh attempt deletes the cell's
+earlier run (``sweepkit.run.job.FreshStart``), so a sweep stopped before it got to a cell
+leaves that cell's run whole.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 
-from sweepkit.run.job import CellJob, FreshStart
+from sweepkit.run.job import RESUME_ENV, CellJob, FreshStart
+from sweepkit.state import checkpoints as ck
+from sweepkit.state import files as fs
 from sweepkit.state import records as st
 
 FRESH, RESUME, SKIP, ATTACH = "fresh", "resume", "skip", "attach"
 
-# A target whose schema has this key gets "latest" on a resume and None on a fresh run.
-RESUME_KEY = "resume_mode"
-RESUME_ENV = "SWEEP_RESUME"  # "1" in a cell's environment when it is to continue from its checkpoint
-
 
 @attrs.frozen(kw_only=True)
 class Plan:
+    """What to do with one cell (``action``: fresh, resume, skip or attach) and why (``note``)."""
+
     cell: object
     directory: Path
     action: str
@@ -70,20 +70,37 @@ def checkpoint_dir(cell, session) -> Path | None:
     return None if found is None else Path(found)
 
 
+def checkpoints_in(cell, directory: Path, session) -> list[Path]:
+    """The entries of ``directory`` that are the cell's checkpoints (``sweep_cell_checkpoints``;
+    without a plugin's answer, every entry), in the order they were written."""
+    directory = Path(directory)
+    found = session.hook.sweep_cell_checkpoints(cell=cell, directory=directory, session=session)
+    if found is not None:
+        return [Path(entry) for entry in found]
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
+def holding_checkpoints(cell, runs_dir: Path, session) -> list[Path]:
+    """The cell's checkpoint dirs that hold checkpoints: its ``ckpt/``, then its plugin's dir."""
+    dirs = [st.cell_dir(runs_dir, cell) / st.CKPT_DIR, checkpoint_dir(cell, session)]
+    return [directory for directory in dirs if directory is not None and checkpoints_in(cell, directory, session)]
+
+
 def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
               queued: Callable[[st.Submission], bool] | None = None,
-              checkpoints: Path | None = None, preview: bool = False) -> Plan:
+              holding: Callable[[], list[Path]] | None = None, preview: bool = False) -> Plan:
     """``queued(submission)`` says whether a submitted job is still alive in its
     executor's queue (a cluster job that has not started, or a chain between links); a
-    cell whose lock is free is then still taken, not a dead run. ``checkpoints`` is the
-    cell's checkpoint dir outside its cell dir (:func:`checkpoint_dir`), if it has one.
+    cell whose lock is free is then still taken, not a dead run. ``holding()`` lists the
+    cell's checkpoint dirs that hold checkpoints (:func:`holding_checkpoints`), asked only
+    where the answer decides.
 
     ``preview`` (``--dry-run``): a cell the state on disk refuses (completed under another
     profile or config, say a local smoke run, or holding checkpoints) is shown as the
     fresh run ``--rerun`` would start, its note saying what a real run needs, so that a
     dry run for a cluster shows every cell's job script; a running cell is still refused."""
     try:
-        return _plan_cell(cell, runs_dir, rerun=rerun, resume=resume, queued=queued, checkpoints=checkpoints)
+        return _plan_cell(cell, runs_dir, rerun=rerun, resume=resume, queued=queued, holding=holding)
     except PlanError as error:
         if not preview or st.is_locked(st.cell_dir(runs_dir, cell)):
             raise
@@ -93,11 +110,11 @@ def plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
 
 def _plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
                queued: Callable[[st.Submission], bool] | None,
-               checkpoints: Path | None) -> Plan:
+               holding: Callable[[], list[Path]] | None) -> Plan:
     directory = st.cell_dir(runs_dir, cell)
     state = st.read_state(directory)
     if st.is_locked(directory):
-        holder = st.lock_holder(directory)
+        holder = fs.lock_holder(directory)
         if rerun:
             raise PlanError(f"is running now ({holder}); wait for it to end before --rerun")
         return Plan(cell=cell, directory=directory, action=ATTACH, note=f"already running ({holder})")
@@ -108,7 +125,7 @@ def _plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
                     note=f"queued as {submission.executor} job {submission.job_id}")
     changed = state is not None and state.config_hash != cell.config_hash()
     if rerun:
-        refusal = st.ckpt_link_refusal(directory)
+        refusal = ck.ckpt_link_refusal(directory)
         if refusal is not None:
             raise PlanError(refusal)
         return Plan(cell=cell, directory=directory, action=FRESH, note="--rerun", rerun=True)
@@ -123,13 +140,11 @@ def _plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
     if state is not None and state.state == "failed" and cell.xfail is not None and not changed:
         # An expected failure is a probe's answer (a ceiling probe can take an hour to give it).
         return Plan(cell=cell, directory=directory, action=SKIP, note="xfailed as expected; --rerun probes it again")
-    holding = [directory / st.CKPT_DIR] if st.has_checkpoints(directory / st.CKPT_DIR) else []
-    if checkpoints is not None and st.checkpoint_entries(checkpoints):
-        holding.append(Path(checkpoints))
-    if holding:
+    found = holding() if holding is not None else []
+    if found:
         effective = st.effective_state(directory, state)
         if not resume:
-            raise PlanError(f"was {effective} and has checkpoints in {' and '.join(map(str, holding))}; pass "
+            raise PlanError(f"was {effective} and has checkpoints in {' and '.join(map(str, found))}; pass "
                             "--resume to continue from the latest one or --rerun to delete them and start over")
         if changed:
             raise PlanError("has checkpoints written with a different config than the grid has now; "
@@ -154,10 +169,14 @@ def paths(directory: Path) -> dict[str, str]:
     }
 
 
-def target_config(cell, resume: bool) -> dict:
+def start_config(cell, resume: bool, session) -> dict:
+    """The ``config.json`` of a fresh or resumed start: the target's config, then each plugin's
+    changes for that start (``sweep_cell_start_config``: ``resume_mode`` for a target that
+    has the key), in pluggy's call order."""
     config = cell.target_config()
-    if cell.target.schema is not None and RESUME_KEY in cell.target.schema:
-        config[RESUME_KEY] = "latest" if resume else None
+    for changes in session.hook.sweep_cell_start_config(cell=cell, config=dict(config), resume=resume,
+                                                        session=session):
+        config.update(changes or {})
     return config
 
 
@@ -198,141 +217,27 @@ def cell_gpus(cell, session) -> int:
 
 
 def make_job(plan: Plan, executor: str, session) -> CellJob:
-    """The job of a planned cell: the target's argv with the plugins' arguments appended
-    (and, as ``resume_argv``, with those of a resumed run, which a chain link runs)."""
+    """The job of a planned cell: the target's argv with the plugins' arguments appended, and
+    its config for this start (and, as ``resume_argv`` / ``resume_config``, those of a
+    resumed run, which a chain link runs). Checkpoint entries a fresh start deletes outside
+    the cell dir are added once the cell is prepared (:mod:`sweepkit.run.prepare`)."""
     resume = plan.action == RESUME
     cell = plan.cell
     command = cell.target.render_argv(**paths(plan.directory))
     resume_args = cell_args(cell, True, session)
+    resume_config = start_config(cell, True, session)
     return CellJob(
         nodeid=cell.nodeid,
         cell_dir=str(plan.directory),
         argv=command + (resume_args if resume else cell_args(cell, False, session)),
         resume_argv=command + resume_args,
         env=cell_env(cell, plan.directory, resume, session.hook.sweep_cell_env(cell=cell, session=session)),
+        config=resume_config if resume else start_config(cell, False, session),
+        resume_config=resume_config,
         gpus=cell_gpus(cell, session),
         resume=resume,
         token=uuid.uuid4().hex,
         executor=executor,
-        # The plugins' checkpoint dirs to empty are added once the cell is prepared.
-        fresh=None if resume else FreshStart(rerun=plan.rerun, files=cell_files(plan),
+        fresh=None if resume else FreshStart(rerun=plan.rerun, record=st.cell_record(cell),
                                              config_hash=cell.config_hash(), profile=cell.profile),
     )
-
-
-def cell_files(plan: Plan) -> dict[str, object]:
-    """The files that describe the cell's coming attempt, by name: ``cell.json``, ``config.json``."""
-    return {st.CELL_FILE: st.cell_record(plan.cell), st.CONFIG_FILE: target_config(plan.cell, plan.action == RESUME)}
-
-
-def write_cell_files(plan: Plan, state: st.CellState) -> None:
-    """Create the cell dir, its ``ckpt/`` and its ``cell.json`` / ``config.json``, unless the
-    dir holds an earlier run that a fresh attempt replaces (``state.previous``): that run's
-    files describe it until the job starts the attempt, which writes them then. Nothing is
-    deleted here (the job does that too)."""
-    directory = plan.directory
-    directory.mkdir(parents=True, exist_ok=True)
-    if state.previous is None:
-        for name, data in cell_files(plan).items():
-            st.write_json(directory / name, data)
-    if not (directory / st.CKPT_DIR).is_symlink():
-        (directory / st.CKPT_DIR).mkdir(exist_ok=True)
-
-
-def _earlier_run(state: st.CellState | None) -> str | None:
-    """The state of the earlier run whose files a fresh attempt will start over, if any."""
-    if state is None or not state.attempts:
-        return None
-    return state.previous or state.state  # a fresh attempt that never started leaves the run before it
-
-
-def mark_pending(plan: Plan, driver: Path) -> st.CellState | None:
-    """Record that this driver (holding the lock file ``driver``) will run the cell; returns
-    the state written, None when a job took its lock meanwhile. A fresh attempt over an
-    earlier run leaves the run's ``config_hash`` and ``profile`` (they describe its files
-    until the job starts the attempt) and remembers its state in ``previous``."""
-    cell = plan.cell
-    written: list[st.CellState] = []
-
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if st.is_locked(plan.directory):
-            return None
-        previous = _earlier_run(state) if plan.action == FRESH else None
-        written.append(st.CellState(
-            nodeid=cell.nodeid, state="pending",
-            config_hash=state.config_hash if previous else cell.config_hash(),
-            profile=state.profile if previous else cell.profile,
-            attempts=state.attempts if state else (), submission=None,
-            driver=str(driver), previous=previous,
-        ))
-        return written[0]
-
-    st.update_state(plan.directory, change)
-    return written[0] if written else None
-
-
-def mark_cancelled(plan: Plan, driver: Path) -> None:
-    """Record as cancelled a cell this driver marked pending and never started; one whose
-    earlier run the attempt was to start over is that run again (its files are untouched)."""
-
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or state.state != "pending" or state.driver != str(driver):
-            return None
-        if state.previous in (*st.FINISHED, "running"):  # "running": its lock is free, so interrupted
-            return attrs.evolve(state, state=state.previous, previous=None, driver=None)
-        return attrs.evolve(state, state="cancelled")
-
-    st.update_state(plan.directory, change)
-
-
-def mark_submitted(job: CellJob, driver: Path | None = None) -> bool:
-    """Write the job's token before it starts (see ``sweepkit.run.job``); False when another
-    process holds the cell's lock, so this job must not be submitted. With ``driver`` (the
-    lock of the driver that marked the cell pending), also False unless the cell is still
-    pending under that driver: another driver that took the cell since (marked it pending
-    itself, submitted it, or finished it) keeps it, and a completed cell is not run again."""
-    directory = Path(job.cell_dir)
-    taken = []
-
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or st.is_locked(directory) or (
-                driver is not None and (state.state != "pending" or state.driver != str(driver))):
-            taken.append(True)
-            return None
-        submission = st.Submission(executor=job.executor, token=job.token, submitted=time.time(),
-                                   resume=job.resume)
-        return attrs.evolve(state, state="submitted", submission=submission)
-
-    st.update_state(directory, change)
-    return not taken
-
-
-def record_job_id(job: CellJob, job_id: str) -> None:
-    """Store the executor's job id next to the token, so ``status`` can find the job."""
-
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or state.submission is None or state.submission.token != job.token:
-            return None
-        return attrs.evolve(state, submission=attrs.evolve(state.submission, job_id=job_id))
-
-    st.update_state(Path(job.cell_dir), change)
-
-
-def record_lost_job(job: CellJob, failure: str) -> st.CellState | None:
-    """A job that ended without recording its end (its process was killed, or it crashed
-    before running the cell): mark the cell failed so the state stays truthful."""
-
-    def change(state: st.CellState | None) -> st.CellState | None:
-        if state is None or state.submission is None or state.submission.token != job.token:
-            return None
-        if state.state not in ("submitted", "running"):
-            return None
-        if state.state == "running" and state.attempts:
-            last = attrs.evolve(state.attempts[-1], failure=failure, ended=time.time())
-        else:  # it never got as far as recording its start
-            last = st.Attempt(n=len(state.attempts) + 1, executor=job.executor,
-                              job_id=state.submission.job_id, failure=failure, ended=time.time())
-            return attrs.evolve(state, state="failed", attempts=(*state.attempts, last))
-        return attrs.evolve(state, state="failed", attempts=(*state.attempts[:-1], last))
-
-    return st.update_state(Path(job.cell_dir), change)

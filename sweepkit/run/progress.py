@@ -36,11 +36,13 @@ LABELS = {
     "interrupted": "INTERRUPTED", "pending": "pending", "submitted": "submitted",
     "running": "running", "attached": "running*", "completed": "completed",
     "deleted": "DELETED", "damaged": "DAMAGED", "stopping": "STOPPING",
+    "rerun-interrupted": "RERUN-INTERRUPTED", "scancelled": "SCANCELLED",
 }
 STYLES = {
     "passed": "green", "xfailed": "yellow", "xpassed": "yellow", "skipped": "cyan",
     "failed": "bold red", "xpassed-strict": "bold red", "cancelled": "red", "interrupted": "red",
     "running": "blue", "attached": "blue", "deleted": "magenta", "damaged": "bold red", "stopping": "bold red",
+    "rerun-interrupted": "yellow", "scancelled": "magenta",
 }
 
 

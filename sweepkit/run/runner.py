@@ -1,35 +1,46 @@
-"""``sweep run`` after validation: plan each cell, prepare its dir, hand it to the executor,
+"""``sweep run`` after validation: prepare each planned cell, hand it to the executor,
 follow it to its end, and sum up like pytest.
 
-The loop is the same for every executor (see ``sweepkit.run.executors.base``): ``take`` the
-cells that may start now, ``submit`` them, ``poll`` the handles, and read each cell's
-result from its ``state.json``, which only the job writes once it runs. Cells another
-driver is running are watched through their lock until it is released.
+The plans are the command's (:class:`sweepkit.run.context.RunContext`: made once, during
+validation). The loop is the same for every executor (see ``sweepkit.run.executors.base``):
+``take`` the cells that may start now, ``submit`` them, ``poll`` the handles, and read each
+cell's result from its ``state.json``, which the job records as it runs. What the driver
+learns on the way (a job's id, a job that died without recording its end, the failure
+classes its executor knows, a guard's stop) it records through the transitions of
+:mod:`sweepkit.state.transitions`. Cells another driver is running are watched through
+their lock until it is released.
+
+A runs dir whose file system fills up starts nothing more. When a cell fails and the runs
+dir has no space left, the driver says so and gives back the cells it had not started
+(their earlier run's state again, else cancelled; ``--maxfail``'s way) while the running
+ones end on their own. When one of the driver's own writes finds no space (even in place,
+see :mod:`sweepkit.state.files`), it names the file and stops as an interrupt does, but
+with exit 1: it cancels its running cells too. Either way no half-written file is left.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shlex
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import attrs
-from rich.text import Text
 
 from sweepkit.errors import ExitCode, UsageError
 from sweepkit.hookspec import hookimpl
 from sweepkit.run import failures
 from sweepkit.run import plan as pl
+from sweepkit.run import prepare
+from sweepkit.run.context import RunContext
+from sweepkit.run.detach import dry_run, sigterm_interrupts, start_background_driver
 from sweepkit.run.executors.base import DONE, Executor, Handle
 from sweepkit.run.job import ignoring
-from sweepkit.run.progress import STYLES, RunDisplay, describe, fmt_duration, label
+from sweepkit.run.progress import RunDisplay, describe, fmt_duration, label
+from sweepkit.run.summary import Summary as RunSummary
+from sweepkit.state import files as fs
 from sweepkit.state import records as st
+from sweepkit.state import transitions as tr
 from sweepkit.state.metrics import Follower, Summary
 
 POLL_INTERVAL_S = 0.2
@@ -53,40 +64,10 @@ def sweep_validate_cell(cell, session):
     if options.rerun and options.resume:
         return ["--rerun and --resume exclude each other: --rerun starts over, --resume continues"]
     try:
-        pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
-                     queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session),
-                     preview=options.dry_run)
+        RunContext.of(session).plan(cell)
     except pl.PlanError as error:
         return [str(error)]
     return []
-
-
-def queue_probe(session):
-    """``plan_cell``'s ``queued``: asks the executor that submitted a job whether it is
-    still queued there (executors are made once per session, on first need)."""
-    made = session.stash.setdefault("runner.probe_executors", {})
-
-    def queued(submission: st.Submission) -> bool:
-        if submission.executor not in made:
-            spec = session.registry.executors.get(submission.executor)
-            try:
-                made[submission.executor] = spec.factory(session) if spec is not None else None
-            except UsageError:
-                made[submission.executor] = None  # cannot be asked here (no sbatch): not queued
-        executor = made[submission.executor]
-        handle = executor.attach(submission.job_id) if executor is not None else None
-        return handle is not None and executor.poll(handle) != DONE
-
-    return queued
-
-
-def make_executor(session) -> Executor:
-    name = session.options.executor or session.hook.sweep_choose_executor(session=session)
-    spec = session.registry.executors.get(name)
-    if spec is None:
-        known = ", ".join(sorted(session.registry.executors)) or "none"
-        raise UsageError(f"--executor {name}: no such executor (known: {known})")
-    return spec.factory(session)
 
 
 def run_cells(session, cells) -> int:
@@ -99,14 +80,13 @@ def run_cells(session, cells) -> int:
             raise UsageError(f"runs dir {session.runs_dir}: cannot create it ({error.strerror})") from None
         if not os.access(session.runs_dir, os.W_OK):
             raise UsageError(f"runs dir {session.runs_dir}: not writable")
-    executor = make_executor(session)
+    context = RunContext.of(session)
+    executor = context.executor
     plans, errors = [], []
     for cell in cells:
         try:
-            plans.append(pl.plan_cell(cell, session.runs_dir, rerun=options.rerun, resume=options.resume,
-                                      queued=queue_probe(session), checkpoints=pl.checkpoint_dir(cell, session),
-                                      preview=options.dry_run))
-        except pl.PlanError as error:  # the state changed since validation
+            plans.append(context.plan(cell))
+        except pl.PlanError as error:  # a cell validation did not see
             file, line = cell.location
             errors.append(f"{file}:{line}: {cell.name}: {error}")
     jobs = {}
@@ -128,82 +108,6 @@ def run_cells(session, cells) -> int:
     if options.detach and not executor.jobs_outlive_driver:
         return start_background_driver(session, len(jobs))
     return Run(session, executor, plans, jobs).execute()
-
-
-def dry_run(session, plans, jobs, executor: Executor) -> int:
-    console = session.console
-    for plan in plans:
-        nodeid = plan.cell.nodeid
-        if nodeid not in jobs:
-            console.print(f"{plan.action.upper():<8} {nodeid}  ({plan.note})", markup=False)
-            continue
-        job = jobs[nodeid]
-        console.print(f"{plan.action.upper():<8} {nodeid}" + (f"  ({plan.note})" if plan.note else ""), markup=False)
-        console.print(f"  dir:  {session.display_path(plan.directory)}", markup=False)
-        console.print(f"  argv: {shlex.join(job.argv)}", markup=False)
-        for key, value in sorted(job.env.items()):
-            console.print(f"  env:  {key}={value}", markup=False)
-        if job.gpus:
-            console.print(f"  gpus: {job.gpus}", markup=False)
-    counts = {action: sum(plan.action == action for plan in plans) for action in (pl.FRESH, pl.RESUME, pl.SKIP, pl.ATTACH)}
-    scripts = executor.render_dry_run(list(jobs.values()))
-    for path in scripts:
-        console.print(f"job script: {session.display_path(path)}", markup=False)
-    written = f"nothing was started; {len(scripts)} job script(s) written" if scripts else "nothing was started or written"
-    console.print(f"dry run: would run {counts[pl.FRESH]} fresh, resume {counts[pl.RESUME]}, skip {counts[pl.SKIP]}, "
-                  f"wait for {counts[pl.ATTACH]} running; {written}", markup=False)
-    return ExitCode.OK
-
-
-@contextlib.contextmanager
-def sigterm_interrupts():
-    """SIGTERM (``sweep cancel``, ``kill``) stops a driver the way Ctrl-C does: its running
-    cells are cancelled and recorded. A driver started in the background by a shell ignores
-    SIGINT, so SIGTERM is how it is stopped."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    # A driver a shell put in the background inherits SIGINT ignored, and so would every
-    # process it starts: submitit cancels a local job with SIGINT, which must not be lost.
-    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def status_command(session) -> str:
-    """The ``sweep status`` that finds this run: with its --rootdir / --runs-dir when not the defaults."""
-    words = ["sweep"]
-    if session.rootdir != Path.cwd().resolve():
-        words += ["--rootdir", str(session.rootdir)]
-    if session.runs_dir != session.rootdir / "runs":
-        words += ["--runs-dir", str(session.runs_dir)]
-    return shlex.join([*words, "status"])
-
-
-def start_background_driver(session, n_jobs: int) -> int:
-    """``--detach`` with an executor whose jobs need a driver: start this same command
-    without ``--detach`` in a new session, its output in the runs dir, and return."""
-    logs = session.runs_dir / st.DRIVERS_DIR
-    logs.mkdir(parents=True, exist_ok=True)
-    argv = [arg for arg in sys.argv[1:] if not (arg.startswith("--det") and "--detach".startswith(arg))]
-    log = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    with open(log, "w") as output:
-        driver = subprocess.Popen([sys.executable, "-m", "sweepkit", *argv], stdout=output, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-    session.console.print(f"detached: driver pid {driver.pid} runs {n_jobs} cell(s); its output: "
-                          f"{session.display_path(log)}; follow with: {status_command(session)}", markup=False)
-    return ExitCode.OK
 
 
 @attrs.define
@@ -230,13 +134,12 @@ class Run:
         self.queue: list[Tracked] = []
         self.active: list[Tracked] = []
         self.attached: list[Tracked] = []
-        self.outcomes: dict[str, str] = {}
-        self.reasons: dict[str, str] = {}  # why each failing cell failed, for the short summary
+        self.summary = RunSummary(session.console, len(plans))
         self.maxfail = getattr(session.options, "maxfail", 0) or 0
         self.display = RunDisplay(session.console, [plan.cell.nodeid for plan in plans],
                                   quiet=getattr(session.options, "verbose", 0) < 0)
         self.began = time.time()
-        self.driver_lock = st.DriverLock(session.runs_dir)
+        self.driver_lock = fs.DriverLock(session.runs_dir)
 
     def execute(self) -> int:
         self.driver_lock.acquire()
@@ -261,40 +164,49 @@ class Run:
                     self._watch()
                     self._submit_ready()
                     self._poll()
+                    self._show_executor_events()
                     self.display.refresh()
                     if self.session.options.detach and not self.queue:
                         break  # jobs_outlive_driver: everything is queued at the executor
                     if self.queue or self.active or self.attached:
                         time.sleep(POLL_INTERVAL_S)
             except KeyboardInterrupt:
-                # A second Ctrl-C (or `sweep cancel`) meanwhile is the same request: it must not
-                # cut short the cancelling (a cluster's can take seconds) or the record.
-                with ignoring(signal.SIGINT, signal.SIGTERM):
-                    for tracked in self.active:
-                        self.executor.cancel(tracked.handle)
-                    for tracked in self.queue:  # asked to stop: the cells it had not started are cancelled too
-                        pl.mark_cancelled(tracked.plan, driver=self.driver_lock.path)
-                    self.display.event("cancelled", "run", "interrupted; cancelled the running cells")
-                    self.executor.close()
-                    self._summary()
+                self._stop("cancelled", "interrupted; cancelled the running cells")
                 return ExitCode.INTERRUPTED
+            except fs.NoSpace as full:
+                self._stop("stopping", f"{full}; cancelled the running cells, the cells not started are left "
+                                       "as they were: free some space and run again")
+                return ExitCode.CELLS_FAILED
         self.executor.close()
-        return self._summary()
+        return self.summary.close(time.time() - self.began, detached=self.session.options.detach)
+
+    def _stop(self, kind: str, why: str) -> None:
+        """Stop everything (Ctrl-C, ``sweep cancel``, a full runs dir): cancel the running
+        cells, give back those not started, and sum up."""
+        # A second Ctrl-C (or `sweep cancel`) meanwhile is the same request: it must not cut
+        # short the cancelling (a cluster's can take seconds) or the record.
+        with ignoring(signal.SIGINT, signal.SIGTERM):
+            for tracked in self.active:
+                self.executor.cancel(tracked.handle)
+            for tracked in self.queue:  # asked to stop: the cells it had not started are given back
+                self._withdraw(tracked)
+            self.display.event(kind, "run", why)
+            self.executor.close()
+            self.summary.close(time.time() - self.began)
+
+    def _withdraw(self, tracked: Tracked) -> None:
+        try:
+            prepare.withdraw(tracked.plan, self.driver_lock.path)
+        except fs.NoSpace:
+            pass  # still pending under this driver: abandoned once it exits, started by the next run
 
     def _prepare(self, tracked: Tracked) -> bool:
-        """Mark the cell pending and ready its dir. Nothing of its earlier run is deleted
-        yet: its job does that as it starts the cell (``CellJob.fresh``)."""
-        plan = tracked.plan
-        state = pl.mark_pending(plan, driver=self.driver_lock.path)
-        if state is None:
+        """Mark the cell pending and ready its dir (:mod:`sweepkit.run.prepare`); False when
+        a job runs it already."""
+        job = prepare.prepare(tracked.plan, tracked.job, self.driver_lock.path, self.session)
+        if job is None:
             return False
-        pl.write_cell_files(plan, state)
-        answers = self.session.hook.sweep_prepare_cell_dir(cell=plan.cell, cell_dir=plan.directory,
-                                                           fresh=plan.action == pl.FRESH, rerun=plan.rerun,
-                                                           session=self.session)
-        wipe = [str(path) for paths in answers for path in paths or ()]
-        if wipe and tracked.job.fresh is not None:
-            tracked.job = attrs.evolve(tracked.job, fresh=attrs.evolve(tracked.job.fresh, checkpoint_dirs=wipe))
+        tracked.job = job
         return True
 
     def _attach(self, tracked: Tracked) -> None:
@@ -344,14 +256,12 @@ class Run:
         return time.time() - submission.submitted < ABANDONED_AFTER_S
 
     def _take_over(self, tracked: Tracked) -> None:
-        """A submission whose job never started (its driver died first): run it here."""
+        """A submission whose job never started (its driver died first): run it here. Its
+        state changed since this command planned it, so it is planned again."""
         self.attached.remove(tracked)
         self.executor.release_foreign(tracked.plan.cell.nodeid)
-        options = self.session.options
         try:
-            plan = pl.plan_cell(tracked.plan.cell, self.session.runs_dir, rerun=False, resume=options.resume,
-                                queued=queue_probe(self.session),
-                                checkpoints=pl.checkpoint_dir(tracked.plan.cell, self.session))
+            plan = RunContext.of(self.session).plan_now(tracked.plan.cell, rerun=False)
         except pl.PlanError as error:
             self._finish(tracked, "failed", str(error))
             return
@@ -374,20 +284,30 @@ class Run:
             # Decided again now, under the executor's submit lock (a cluster's: runs/.slurm):
             # since this driver marked the cell pending, another driver may have taken it
             # over, or submitted and finished it.
-            if pl.mark_submitted(job, driver=self.driver_lock.path):
+            if tr.claimed(job, driver=self.driver_lock.path):
                 batch.append(tracked)
             else:
                 self._attach(tracked)
         # Even with none left: submit is what releases what take held.
-        handles = self.executor.submit([tracked.job for tracked in batch])
+        try:
+            handles = self.executor.submit([tracked.job for tracked in batch])
+        except OSError as error:
+            if error.errno not in fs.FULL:
+                raise
+            self.queue[:0] = batch  # given back with the rest as the run stops
+            raise fs.NoSpace(Path(error.filename or self.session.runs_dir), error.errno) from error
         for tracked, handle in zip(batch, handles):
             tracked.handle = handle
-            pl.record_job_id(tracked.job, handle.job_id)
+            tr.submitted(tracked.job, handle.job_id)
             self.active.append(tracked)
             what = "resume" if tracked.job.resume else "run"
             self.display.update(tracked.plan.cell.nodeid, status="submitted", started=time.time())
             self.display.event("submitted", tracked.plan.cell.nodeid,
                                f"{self.executor.name} job {handle.job_id} ({what})")
+
+    def _show_executor_events(self) -> None:
+        for kind, nodeid, text in self.executor.events():
+            self.display.event(kind, nodeid, text)
 
     def _poll(self) -> None:
         for tracked in list(self.active):
@@ -404,6 +324,7 @@ class Run:
                     self._guard(tracked)
                 continue
             self.active.remove(tracked)
+            tr.classified(tracked.plan.directory, self.executor.failure_classes(tracked.handle))
             state = st.read_state(tracked.plan.directory)
             mine = state is not None and state.submission is not None and state.submission.token == tracked.job.token
             if not mine:  # a later driver took the cell over before this job got its lock
@@ -411,7 +332,7 @@ class Run:
                 continue
             if state.state in ("submitted", "running"):
                 failure = self.executor.error(tracked.handle) or "the job ended without recording a result"
-                state = pl.record_lost_job(tracked.job, failure) or st.read_state(tracked.plan.directory)
+                state = tr.lost(tracked.job, failure) or st.read_state(tracked.plan.directory)
             if not tracked.started_seen and state.attempts:
                 self._started(tracked, state)
             self._finished(tracked, state)
@@ -427,18 +348,6 @@ class Run:
             tracked.guard = reason
             self.display.event("stopping", tracked.plan.cell.nodeid, f"guard: {reason}; stopping it with a checkpoint")
             self.executor.cancel(tracked.handle)
-
-    def _record_guard(self, tracked: Tracked) -> st.CellState | None:
-        """The attempt a guard stopped is failed, its failure the guard's rule."""
-        def change(state: st.CellState | None) -> st.CellState | None:
-            if state is None or not state.attempts or state.state == "completed":
-                return None
-            last = state.attempts[-1]
-            stopped = attrs.evolve(last, ended=last.ended or time.time(), failure=f"guard: {tracked.guard}",
-                                   failure_class=failures.GUARD)
-            return attrs.evolve(state, state="failed", attempts=(*state.attempts[:-1], stopped))
-
-        return st.update_state(tracked.plan.directory, change) or st.read_state(tracked.plan.directory)
 
     def _started(self, tracked: Tracked, state: st.CellState) -> None:
         tracked.started_seen = True
@@ -465,8 +374,9 @@ class Run:
 
     def _finished(self, tracked: Tracked, state: st.CellState | None) -> None:
         directory = tracked.plan.directory
-        if tracked.guard is not None:
-            state = self._record_guard(tracked)
+        if tracked.guard is not None:  # the attempt a guard stopped is failed, its failure the guard's rule
+            state = tr.stopped(directory, failure=f"guard: {tracked.guard}",
+                               failure_class=failures.GUARD) or st.read_state(directory)
         effective = st.effective_state(directory, state)
         xfail = tracked.plan.cell.xfail
         result = st.outcome(effective, None if xfail is None else {
@@ -484,66 +394,37 @@ class Run:
                 reason = f"passed, but is marked xfail(strict=True): {xfail.reason}" if xfail.reason else \
                     "passed, but is marked xfail(strict=True)"
             log = directory / "stderr.log"
-            self.reasons[tracked.plan.cell.nodeid] = reason + (
-                f" (log: {self.session.display_path(log)})" if log.exists() else "")
+            self.summary.explain(tracked.plan.cell.nodeid, reason + (
+                f" (log: {self.session.display_path(log)})" if log.exists() else ""))
         if result in ("xfailed", "xpassed", "xpassed-strict") and xfail.reason:
             parts.append(f"[xfail: {xfail.reason}]")
         self._finish(tracked, result, "  ".join(part for part in parts if part), summary=summary,
                      ended=attempt.ended if attempt else None)
         if state is not None:
             self.session.hook.sweep_cell_finished(cell=tracked.plan.cell, state=state)
+        if result in st.FAILING_OUTCOMES and self.queue and fs.no_space_left(self.session.runs_dir):
+            runs = self.session.display_path(self.session.runs_dir)
+            self._stop_starting(f"no space left on device: the file system of the runs dir {runs} is full",
+                                "not started: the runs dir is full")
 
     def _finish(self, tracked: Tracked, result: str, detail: str, **row) -> None:
         nodeid = tracked.plan.cell.nodeid
-        self.outcomes[nodeid] = result
-        if result in st.FAILING_OUTCOMES:
-            self.reasons.setdefault(nodeid, detail or label(result))
+        self.summary.record(nodeid, result, detail)
         self.display.update(nodeid, status=result, **row)
         self.display.event(result, nodeid, detail)
-        failures = sum(outcome in st.FAILING_OUTCOMES for outcome in self.outcomes.values())
+        failures = self.summary.failures
         if self.maxfail and failures >= self.maxfail and self.queue:
-            self._stop_starting(failures)
+            self._stop_starting(f"stopping after {failures} failure{'s' * (failures != 1)} (--maxfail={self.maxfail})",
+                                f"not started (--maxfail={self.maxfail})")
 
-    def _stop_starting(self, failures: int) -> None:
-        """pytest's -x / --maxfail: the cells not yet started are cancelled; running ones finish."""
+    def _stop_starting(self, why: str, reason: str) -> None:
+        """pytest's -x / --maxfail, and a full runs dir: the cells not yet started are given
+        back (their earlier run's state, else cancelled); running ones finish."""
         kept, self.queue = self.queue, []
-        self.display.event("cancelled", "run", f"stopping after {failures} failure{'s' * (failures != 1)} "
-                                               f"(--maxfail={self.maxfail}): {len(kept)} cells not started")
+        self.display.event("cancelled", "run", f"{why}: {len(kept)} cells not started")
         for tracked in kept:
-            pl.mark_cancelled(tracked.plan, driver=self.driver_lock.path)
+            self._withdraw(tracked)
             nodeid = tracked.plan.cell.nodeid
-            self.outcomes[nodeid] = "cancelled"
-            self.reasons[nodeid] = f"not started (--maxfail={self.maxfail})"
+            self.summary.record(nodeid, "cancelled")
+            self.summary.explain(nodeid, reason)
             self.display.update(nodeid, status="cancelled")
-
-    def _summary(self) -> int:
-        counts: dict[str, int] = {}
-        for result in self.outcomes.values():
-            counts[result] = counts.get(result, 0) + 1
-        order = ("failed", "xpassed-strict", "interrupted", "cancelled", "passed", "skipped", "xfailed", "xpassed")
-        parts = [f"{counts[key]} {key}" for key in order if key in counts]
-        unfinished = len(self.plans) - len(self.outcomes)
-        if unfinished:
-            parts.append(f"{unfinished} not finished")
-        failing = any(result in st.FAILING_OUTCOMES for result in self.outcomes.values()) or unfinished
-        elapsed = time.time() - self.began
-        self._short_summary()
-        self.session.console.print(f"==== {', '.join(parts) or 'no cells'} in {elapsed:.2f}s ====",
-                                   style="bold red" if failing else "bold green", markup=False)
-        if self.session.options.detach and unfinished:
-            return ExitCode.OK  # submitted to a queue that runs them without this process
-        return ExitCode.CELLS_FAILED if failing else ExitCode.OK
-
-    def _short_summary(self) -> None:
-        """pytest's "short test summary info": one line per failing cell, with why, in run order."""
-        failing = [(nodeid, result) for nodeid, result in self.outcomes.items() if result in st.FAILING_OUTCOMES]
-        if not failing:
-            return
-        console = self.session.console
-        console.print("==== short summary ====", style="bold", markup=False)
-        for nodeid, result in failing:
-            line = Text(f"{label(result)} ", style=STYLES.get(result, ""))
-            line.append(f"{nodeid} - {self.reasons.get(nodeid, label(result))}")
-            console.print(line, soft_wrap=True)
-        if any(result == "failed" for _, result in failing):
-            console.print("run the failed cells again with: sweep run … --lf", markup=False)

@@ -1,44 +1,28 @@
-"""A cell's state on disk: ``runs/<grid>/<cell>/`` and the files in it.
+"""What a cell's files say: the records of ``state.json`` and ``cell.json`` read back, what a
+state means (the effective state, pytest's outcome words), and the views ``status`` and
+``report`` show.
 
-Every write goes to a temporary file in the same directory and is moved over the old one
-with ``os.replace``, so a reader (another driver, ``sweep status``) sees the old file or
-the new one, never half of one. Read-modify-write of ``state.json`` happens under
-``.state.lock``; ``.lock`` is held by the process that runs the cell for its whole life, so
-"is this cell running?" is answered by trying that lock, which the kernel frees when the
-holder dies however it dies.
+Nothing here writes ``state.json``: every change of a cell's state is a named transition
+of :mod:`sweepkit.state.transitions`. How files are written and locked is
+:mod:`sweepkit.state.files`; a cell's checkpoints, :mod:`sweepkit.state.checkpoints`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import json
-import os
-import re
-import shutil
-import socket
-import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from sweepkit.state.files import STATE_FILE, DamagedFile, is_held, is_locked, read_json
+
+# The layout of a cell dir, which the readers of these records (status, report) find here too.
+from sweepkit.state.files import CELL_FILE, CKPT_DIR, CONFIG_FILE, DRIVERS_DIR, LOCK_FILE  # noqa: F401
+from sweepkit.state.files import METRICS_FILE, STATE_LOCK_FILE, STDERR_FILE, STDOUT_FILE  # noqa: F401
+
 STATES = ("pending", "submitted", "running", "completed", "failed", "cancelled")
 FINISHED = ("completed", "failed", "cancelled")
-
-CELL_FILE = "cell.json"
-CONFIG_FILE = "config.json"
-STATE_FILE = "state.json"
-LOCK_FILE = ".lock"
-STATE_LOCK_FILE = ".state.lock"
-STDOUT_FILE = "stdout.log"
-STDERR_FILE = "stderr.log"
-METRICS_FILE = "metrics.jsonl"
-CKPT_DIR = "ckpt"
-DRIVERS_DIR = ".drivers"  # in the runs dir: drivers' locks and detached drivers' logs
 
 
 def _tuple(value) -> tuple:
@@ -150,42 +134,6 @@ def cell_dir(runs_dir: Path, cell) -> Path:
     return Path(runs_dir) / cell.grid_name / cell.name
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically: temp file in the same dir, fsync, ``os.replace``."""
-    path = Path(path)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temp, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-
-
-class DamagedFile(ValueError):
-    """A run-state file that exists but cannot be read back: empty, cut short (a full disk, a
-    copy that stopped), or not the record it should be. ``reason`` says which."""
-
-    def __init__(self, path: Path, reason: str):
-        self.path = Path(path)
-        self.reason = reason
-        super().__init__(f"{path}: {reason}")
-
-
-def read_json(path: Path) -> Any | None:
-    """The JSON value of ``path``; None when there is no such file; DamagedFile when it cannot be read."""
-    try:
-        data = Path(path).read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    if not data.strip():
-        raise DamagedFile(path, "empty")
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DamagedFile(path, f"not valid JSON ({error})") from None
-
-
 def load_state(directory: Path) -> CellState | None:
     """The cell's ``state.json``; None when there is none; DamagedFile when it cannot be read."""
     path = Path(directory) / STATE_FILE
@@ -218,215 +166,6 @@ def state_problem(directory: Path) -> DamagedFile | None:
     return None
 
 
-def write_state(directory: Path, state: CellState) -> None:
-    write_json(Path(directory) / STATE_FILE, attrs.evolve(state, updated=time.time()).to_json())
-
-
-@contextlib.contextmanager
-def _flock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except OSError as error:
-            if error.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-def update_state(directory: Path, change: Callable[[CellState | None], CellState | None]) -> CellState | None:
-    """Read, change and write ``state.json`` under ``.state.lock``; ``change`` returning
-    None leaves the file as it is."""
-    directory = Path(directory)
-    with _flock(directory / STATE_LOCK_FILE):
-        new = change(read_state(directory))
-        if new is not None:
-            write_state(directory, new)
-        return new
-
-
-def is_locked(directory: Path) -> bool:
-    """True while some process holds the cell's ``.lock`` (that is, runs the cell)."""
-    return is_held(Path(directory) / LOCK_FILE)
-
-
-def lock_holder(directory: Path) -> str:
-    """Who holds a cell's lock, as its lock file says ("pid N on HOST")."""
-    try:
-        host, pid = (Path(directory) / LOCK_FILE).read_text().split()
-        return f"pid {pid} on {host}"
-    except (OSError, ValueError):
-        return "lock held"
-
-
-def is_held(lock: Path) -> bool:
-    """True while some process holds the ``flock`` on the file ``lock``. Never creates it:
-    a lock file its owner removed on release stays gone."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)  # any reader may ask
-    except FileNotFoundError:
-        return False
-    try:
-        # Shared: it conflicts with the holder's exclusive lock all the same, and needs only
-        # read access (on NFS, flock is emulated with fcntl locks, and an exclusive one
-        # needs the file open for writing).
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EAGAIN, errno.EACCES):
-            return True
-        raise
-    finally:
-        os.close(fd)
-    return False
-
-
-class FileLock:
-    """An exclusive ``flock`` on a file that records its holder's host and pid."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._fd: int | None = None
-
-    def acquire(self, *, blocking: bool = True) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except OSError as error:
-            os.close(fd)
-            if error.errno in (errno.EAGAIN, errno.EACCES):
-                return False
-            raise
-        # Record who holds it, for status output; the lock itself is the truth.
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
-        self._fd = fd
-        return True
-
-    @property
-    def fd(self) -> int:
-        if self._fd is None:
-            raise RuntimeError(f"{self.path}: not held")
-        return self._fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-class CellLock(FileLock):
-    """The exclusive ``flock`` on ``<cell dir>/.lock``, held for the whole life of a run."""
-
-    def __init__(self, directory: Path):
-        super().__init__(Path(directory) / LOCK_FILE)
-
-
-class DriverLock(FileLock):
-    """A ``sweep run`` driver's own lock, ``<runs dir>/.drivers/<host>-<pid>-<random>.lock``, held
-    while it lives: a cell it marked pending, and that no job took, is abandoned once the
-    lock is free (the driver was killed before it got to the cell)."""
-
-    def __init__(self, runs_dir: Path):
-        # The random part: a later driver that gets the same pid must not hold this path.
-        name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
-        super().__init__(Path(runs_dir) / DRIVERS_DIR / name)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            self.path.unlink(missing_ok=True)
-        super().release()
-
-
-LATEST_POINTER = "latest_ckpt_global_step.txt"  # SkyRL's pointer to its latest step
-_STEP = re.compile(r"^global_step_(\d+)$")
-
-
-def checkpoint_entries(path: Path) -> list[Path]:
-    """The ``global_step_*`` entries of a checkpoint dir that a plugin keeps outside the
-    cell dir, in step order, then its latest-step pointer. Anything else there (an export,
-    logs) is not a checkpoint: it neither stops a plain run nor is deleted by ``--rerun``."""
-    path = Path(path)
-    if not path.is_dir():
-        return []
-    steps = sorted((p for p in path.iterdir() if _STEP.match(p.name)), key=lambda p: int(_STEP.match(p.name)[1]))
-    pointer = path / LATEST_POINTER
-    return steps + ([pointer] if pointer.is_file() else [])
-
-
-# What the built-in trainer writes in its checkpoint dir that is no checkpoint to resume
-# from: written before its first step (so a run stopped before it left nothing to resume),
-# or the final export.
-NOT_CHECKPOINTS = frozenset({"run_info.json", "reference.safetensors", "export"})
-WRITING_PREFIX = ".tmp-"  # the trainer's half-written files, cleaned up when it next starts
-
-
-def has_checkpoints(path: Path) -> bool:
-    """True for a cell's ``ckpt/`` that holds checkpoints: anything but :data:`NOT_CHECKPOINTS`
-    (a command target's checkpoints may have any name)."""
-    path = Path(path)
-    return path.is_dir() and any(entry.name not in NOT_CHECKPOINTS and not entry.name.startswith(WRITING_PREFIX)
-                                 for entry in path.iterdir())
-
-
-class DeletionRefused(Exception):
-    """Deleting would reach outside the cell's own directories; the message says where."""
-
-
-def ckpt_link_refusal(directory: Path) -> str | None:
-    """Why the cell's ``ckpt/`` must not be emptied: it is a symlink whose target lies
-    outside the cell dir (a directory other cells or other files share); None when it is
-    the cell's own."""
-    ckpt = Path(directory) / CKPT_DIR
-    if not ckpt.is_symlink():
-        return None
-    target, home = ckpt.resolve(), Path(directory).resolve()
-    if target != home and target.is_relative_to(home):
-        return None
-    return (f"its checkpoint dir {ckpt} is a symlink to {target}, outside its cell dir; --rerun deletes "
-            f"nothing through it: remove the link (rm {ckpt}) to start over in an empty ckpt/, and "
-            "delete what you mean to in its target yourself")
-
-
-def _delete(entries: list[Path]) -> None:
-    for entry in entries:  # an entry that is a symlink goes itself; its target is not touched
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
-def wipe_checkpoints(directory: Path) -> list[Path]:
-    """Empty the cell's own ``ckpt/`` (never anything outside the cell dir: DeletionRefused
-    for a ``ckpt/`` linked out of it); returns what was deleted so the caller can announce it."""
-    refusal = ckpt_link_refusal(directory)
-    if refusal is not None:
-        raise DeletionRefused(refusal)
-    ckpt = Path(directory) / CKPT_DIR
-    if not ckpt.is_dir():
-        return []
-    deleted = sorted(ckpt.iterdir())
-    _delete(deleted)
-    return deleted
-
-
-def delete_checkpoint_entries(path: Path) -> list[Path]:
-    """Delete the :func:`checkpoint_entries` of a checkpoint dir outside the cell dir, which
-    a plugin checked and resolved when the cell was prepared (``sweep_prepare_cell_dir``);
-    DeletionRefused when a symlink has since appeared on the way to it."""
-    path = Path(path)
-    if path.resolve() != path:
-        raise DeletionRefused(f"checkpoint dir {path} now resolves to {path.resolve()}; deleting nothing there")
-    entries = checkpoint_entries(path)
-    _delete(entries)
-    return entries
-
-
 def effective_state(directory: Path, state: CellState | None) -> str:
     """The state to show and act on: a ``running`` state whose lock is free is a run that
     died without recording its end ("interrupted"); a ``pending`` one whose driver is gone
@@ -454,6 +193,9 @@ def outcome(state: str, xfail: Mapping[str, Any] | None) -> str:
 
 
 FAILING_OUTCOMES = ("failed", "interrupted", "cancelled", "xpassed-strict")
+# The outcome of a cell whose fresh attempt (``--rerun``) was never started by its driver,
+# killed first: its files, and the numbers shown, are still its earlier run's.
+INTERRUPTED_RERUN = "rerun-interrupted"
 
 
 def last_failed(runs_dir: Path, cells) -> list:
@@ -552,11 +294,18 @@ class CellView:
     problems: tuple[DamagedFile, ...] = ()
 
     @property
+    def interrupted_rerun(self) -> bool:
+        """A fresh attempt over an earlier run that its driver never started (it was killed
+        first): the cell's files are still that run's, whole, and stay so until a later
+        ``sweep run`` starts the cell; status and report show that run's numbers."""
+        return self.effective == "abandoned" and self.state is not None and self.state.previous is not None
+
+    @property
     def stale_files(self) -> bool:
         """The cell's metrics, logs and checkpoints are an earlier run's than the attempt
-        its state describes (a fresh attempt that has not started over them): status and
-        report show none of their numbers."""
-        return self.state is not None and self.state.previous is not None
+        its state describes (a fresh attempt that has not started over them, and may still):
+        status and report show none of their numbers."""
+        return self.state is not None and self.state.previous is not None and not self.interrupted_rerun
 
     @property
     def waiting(self) -> bool:
@@ -585,6 +334,7 @@ class CellView:
 
 
 def view(directory: Path) -> CellView:
+    """The cell of ``directory`` as its files describe it; what cannot be read is in ``problems``."""
     directory = Path(directory)
     problems = []
     try:
@@ -599,8 +349,11 @@ def view(directory: Path) -> CellView:
         problems.append(problem)
     damaged = any(problem.path.name == STATE_FILE for problem in problems)
     effective = "damaged" if damaged else effective_state(directory, state)
+    result = outcome(effective, (record or {}).get("xfail"))
+    if effective == "abandoned" and state is not None and state.previous is not None:
+        result = INTERRUPTED_RERUN
     nodeid = (record or {}).get("nodeid") or (state.nodeid if state else f"{directory.parent.name}::{directory.name}")
     return CellView(
         directory=directory, nodeid=nodeid, name=directory.name, record=record, state=state,
-        effective=effective, outcome=outcome(effective, (record or {}).get("xfail")), problems=tuple(problems),
+        effective=effective, outcome=result, problems=tuple(problems),
     )

@@ -1,11 +1,14 @@
 """The executor interface: how prepared cells become running jobs.
 
-The runner (``sweepkit.run.runner``) owns the loop and the state on disk; an executor only
-places jobs. Per loop turn the runner asks ``take(pending)`` which prepared cells may
-start now (the local executor answers from its free CPU/GPU slots; a cluster executor
-may take everything and let the scheduler queue it), ``submit``s that batch (a cluster
-executor may turn a batch of cells with equal resources into one job array), and
-``poll``s every handle until it is ``done``. A handle's ``job_id`` is a string stored in
+The runner (``sweepkit.run.runner``) owns the loop and, through the transitions of
+``sweepkit.state.transitions``, the state on disk; an executor only places jobs and
+answers with facts (handles and their job ids, whether a job is done, why it died, the
+failure classes its scheduler knows, what it did on its own), never writing a cell's
+state. Per loop turn the runner asks ``take(pending)`` which prepared cells may start now
+(the local executor answers from its free CPU/GPU slots; a cluster executor may take
+everything and let the scheduler queue it), ``submit``s that batch (a cluster executor
+may turn a batch of cells with equal resources into one job array), and ``poll``s every
+handle until it is ``done``. A handle's ``job_id`` is a string stored in
 ``state.json`` so that a later process can ``attach`` to the job from disk.
 """
 
@@ -87,6 +90,18 @@ class Executor(abc.ABC):
         """Why a ``DONE`` job ended without recording a result in ``state.json`` (the job
         process itself crashed or was killed), if the executor knows."""
         return None
+
+    def failure_classes(self, handle: Handle) -> dict[int, str]:
+        """For a ``DONE`` job: the failure class (``sweepkit.run.failures``) of each failed
+        attempt of its cell that this executor's own records explain (a scheduler's final
+        job states), by attempt number; the runner records them. Empty by default."""
+        return {}
+
+    def events(self) -> list[tuple[str, str, str]]:
+        """What the executor did on its own since it was last asked, for the driver to say:
+        ``(kind, node id or "run", text)``, such as the earlier jobs of a cell it cancelled
+        before submitting the cell again. Empty by default."""
+        return []
 
     @abc.abstractmethod
     def cancel(self, handle: Handle) -> None:
