@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from pathlib import Path
 
 from rich.measure import Measurement
 from rich.table import Table
@@ -122,13 +123,9 @@ def cmd_run(session: Session) -> int:
     cells = [cell for cell in cells if cell not in damaged]
     if not cells:
         return ExitCode.CELLS_FAILED  # none of them passed
+    # Validation plans each cell (once, for the whole command: sweepkit.run.context); the
+    # runner chooses and makes the executor, once.
     session.validate(cells, check_runs_dir=True)
-    executors = session.registry.executors
-    name = session.options.executor or session.hook.sweep_choose_executor(session=session)
-    if name not in executors:
-        known = ", ".join(sorted(executors)) or "none"
-        raise UsageError(f"--executor {name}: no such executor (registered: {known})")
-    session.options.executor = name
     run_cells = _import_stage("sweepkit.run.runner", "run_cells", "run")
     code = run_cells(session, cells)
     if not damaged:
@@ -147,9 +144,13 @@ def _named_cells(session: Session) -> list[Cell]:
 
 
 def cmd_status(session: Session) -> int:
-    cells = _named_cells(session)
+    """The named cells, and of the grids named whole (every grid, with no path) every cell
+    that has runs on disk, also those the grid file no longer has."""
+    collected = session.collect(session.options.paths)
+    cells = by_node_ids(list(collected.cells), collected.wanted)
+    whole = {Path(grid).stem for grid, names in collected.wanted.items() if names is None}
     show_status = _import_stage("sweepkit.report.status", "show_status", "status")
-    return show_status(session, cells)
+    return show_status(session, cells, whole_grids=whole, every_grid=not session.options.paths)
 
 
 def cmd_cancel(session: Session) -> int:
@@ -201,6 +202,14 @@ def _report_table(grid_dir, level) -> "object":
     return wide_table(grid_tables(grid_dir, level=interval_level(level)))
 
 
+def _column_specs(session: Session) -> tuple:
+    """The specs of every report column: the built-in ones and those plugins' tables bring
+    (their directions, intervals and noise classes decide suggest and compare)."""
+    from sweepkit.report.registry import report_registry
+
+    return tuple(report_registry(session).columns().values())
+
+
 def cmd_suggest(session: Session) -> int:
     """The winner of each one-factor axis by a column, and the combo cell that joins them."""
     from sweepkit.report.suggest import format_suggestion, suggest
@@ -216,7 +225,8 @@ def cmd_suggest(session: Session) -> int:
     grid_dir = session.runs_dir / grid
     if not grid_dir.is_dir():
         raise UsageError(f"{grid}: no runs under {session.display_path(session.runs_dir)}; run it first")
-    result = suggest(cells, _report_table(grid_dir, options.level), column=options.by, lower_is_better=options.lower)
+    result = suggest(cells, _report_table(grid_dir, options.level), column=options.by, lower_is_better=options.lower,
+                     specs=_column_specs(session))
     session.console.print(format_suggestion(result), markup=False, soft_wrap=True)
     return ExitCode.OK
 
@@ -224,8 +234,6 @@ def cmd_suggest(session: Session) -> int:
 def _compare_side(session: Session, spec: str, level):
     """One side of ``sweep compare``: a ``runs/<grid>`` dir, a grid of this runs dir, or
     ``REV:PATH``, the report tables committed at git revision REV under PATH."""
-    from pathlib import Path
-
     from sweepkit.report.compare import committed_table
     from sweepkit.report.tables import wide_table
 
@@ -249,8 +257,9 @@ def cmd_compare(session: Session) -> int:
 
     options = session.options
     a, b = (_compare_side(session, spec, options.level) for spec in (options.a, options.b))
-    columns = compared_columns(a, b, options.columns.split(",") if options.columns else None)
-    frame = compare(a, b, columns=columns)
+    specs = _column_specs(session)
+    columns = compared_columns(a, b, options.columns.split(",") if options.columns else None, specs)
+    frame = compare(a, b, columns=columns, specs=specs)
     session.console.print(format_compare(frame, noise_note(frame)), markup=False, soft_wrap=True)
     return ExitCode.OK
 

@@ -15,8 +15,10 @@ from html.parser import HTMLParser
 import polars as pl
 import pytest
 
-from sweepkit.report.html import (BOTTOM, CURVES, DELTA_CHARTS, GREY, LEFT, MAX_POINTS, MAX_WARMUP_MARKERS, PALETTE,
-                                  RIGHT, TOP, ZEBRA, DeltaRow, svg_chart, svg_delta_chart, thin, write_page)
+from sweepkit.report.charts import (BOTTOM, GREY, LEFT, MAX_POINTS, MAX_WARMUP_MARKERS, PALETTE, RIGHT, TOP, svg_chart,
+                                    thin)
+from sweepkit.report.delta_chart import DELTA_CHARTS, ZEBRA, DeltaRow, svg_delta_chart
+from sweepkit.report.html import CURVES, write_page
 from sweepkit.report.tables import TABLES
 
 ODD = "odd<&>\"name'"

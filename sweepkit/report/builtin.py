@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sweepkit.hookspec import hookimpl
 from sweepkit.report.registry import GridReport, ReportFormat
-from sweepkit.report.renderers import show_csv, show_json, show_markdown, show_screen, table_files, to_markdown
+from sweepkit.report.renderers import markdown_files, show_csv, show_json, show_markdown, show_screen, table_files
 
 
 def _write_page(report: GridReport) -> list[Path]:
@@ -40,8 +40,7 @@ def sweep_register_report_formats(register):
     register("table", ReportFormat(show=show_screen, doc="the tables fitted to the terminal (prints only)"))
     register("csv", ReportFormat(write=table_files("csv", lambda frame, path: frame.write_csv(path)),
                                  show=show_csv, data_only=True, one_table=True, doc="one table as CSV (--table)"))
-    register("md", ReportFormat(write=table_files("md", lambda frame, path: Path(path).write_text(to_markdown(frame))),
-                                show=show_markdown, doc="markdown tables"))
+    register("md", ReportFormat(write=markdown_files, show=show_markdown, doc="markdown tables"))
     register("json", ReportFormat(write=table_files("json", lambda frame, path: frame.write_json(path)),
                                   show=show_json, always=False, data_only=True,
                                   doc="one JSON document a grid (its files only when asked for)"))

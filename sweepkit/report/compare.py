@@ -26,14 +26,18 @@ many cells compared, about one in twenty whose true value did not move still rea
 moved at 95 %, so read a lone ``*`` with that in mind. ``noise={"sec_per_step": 0.12}``
 gives a column's noise as an absolute |Δ| instead, measured from whole repeats of the grid
 (:func:`noise_from_repeats`). A column with neither takes :data:`DEFAULT_NOISE` (the rule
-where nothing was measured):
+where nothing was measured; each column's rule is the ``noise`` of its spec,
+``sweepkit.report.columns``, one of :data:`NOISE_RULES`):
 
-- timings, throughput, memory, KL, entropy, gradient norms and any other column: 5 % of
-  |a| (run-to-run spread of step times on a shared node is a few percent);
-- shares of the step's time (``*_frac``): 0.02 absolute (two points of the step);
-- rewards and pass rates: 0.02 absolute (two points; GSM8K's test set of 1,319 problems has
-  a standard error of about 0.013 per rate, so this flags only clear moves: measure);
-- ``delta_vs_base_pct``: 5 points; ``steps`` and ``eval_k``: any change.
+- ``timing`` (timings, throughput, memory) and any column without a rule (KL, entropy,
+  gradient norms, a plugin's): 5 % of |a| (run-to-run spread of step times on a shared node
+  is a few percent);
+- ``share`` (shares of the step's time, ``*_frac``): 0.02 absolute (two points of the step);
+- ``rate`` (rewards and pass rates): 0.02 absolute (two points; GSM8K's test set of 1,319
+  problems has a standard error of about 0.013 per rate, so this flags only clear moves:
+  measure);
+- ``points`` (``delta_vs_base_pct``, a Δ in percent): 5 points; ``exact`` (``steps``,
+  ``eval_k``): any change.
 """
 
 from __future__ import annotations
@@ -41,14 +45,14 @@ from __future__ import annotations
 import io
 import math
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
 import polars as pl
 
 from sweepkit.errors import UsageError, did_you_mean
-from sweepkit.report.renderers import BOUNDS, INTERVALS
+from sweepkit.report.columns import COLUMNS, ReportColumn, bound_names, interval_bounds, noise_classes
 
 KEY = "cell"
 PRESENT = "present"
@@ -69,28 +73,37 @@ TIMING = Noise(relative=0.05)
 SHARE = Noise(absolute=0.02)
 RATE = Noise(absolute=0.02)
 EXACT = Noise()
-DEFAULT_NOISE: dict[str, Noise] = {
-    "sec_per_step": TIMING, "tok_per_s": TIMING, "memory_peak_gb": TIMING,
-    "gen_frac": SHARE, "train_frac": SHARE, "sync_frac": SHARE, "ref_frac": SHARE, "teacher_frac": SHARE,
-    "reward_first": RATE, "reward_last": RATE, "pass_at_1": RATE, "pass_at_k": RATE,
-    "delta_vs_base_pct": Noise(absolute=5.0),
-    "steps": EXACT, "eval_k": EXACT,
-}
+# The rules a column's spec names as its ``noise``.
+NOISE_RULES = {"timing": TIMING, "share": SHARE, "rate": RATE, "points": Noise(absolute=5.0), "exact": EXACT}
+
+
+def default_noise(specs: Iterable[ReportColumn]) -> dict[str, Noise]:
+    """Column name -> its default noise rule, for the columns whose spec names one."""
+    return {name: NOISE_RULES[rule] for name, rule in noise_classes(specs).items()}
+
+
+DEFAULT_NOISE: dict[str, Noise] = default_noise(COLUMNS)
+# The columns with an interval (value -> its bounds) and their bounds' names.
+INTERVALS = interval_bounds(COLUMNS)
+BOUNDS = bound_names(COLUMNS)
 OTHER = TIMING  # any column not listed
 
 
 def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None = None,
-            noise: Mapping[str, float] | None = None) -> pl.DataFrame:
+            noise: Mapping[str, float] | None = None, specs: Iterable[ReportColumn] = COLUMNS) -> pl.DataFrame:
     """``a`` and ``b`` (report tables, one row per ``cell``) joined cell by cell, with Δ,
     Δ% and a ``differs`` flag per column of ``columns`` (default: every numeric column
-    both tables have)."""
+    both tables have). ``specs``: the columns' specs (their intervals and default noise
+    rules; the built-in ones, and those a plugin's tables bring)."""
+    specs = tuple(specs)
+    intervals, rules = interval_bounds(specs), default_noise(specs)
     for name, frame in (("a", a), ("b", b)):
         if KEY not in frame.columns:
             raise UsageError(f"compare: table {name} has no {KEY!r} column")
         duplicates = frame[KEY].filter(frame[KEY].is_duplicated()).unique().to_list()
         if duplicates:
             raise UsageError(f"compare: table {name} has cells twice: {', '.join(map(str, duplicates))}")
-    columns = compared_columns(a, b, columns)
+    columns = compared_columns(a, b, columns, specs)
     noise = dict(noise or {})
     unknown = [name for name in noise if name not in columns]
     if unknown:
@@ -101,9 +114,9 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
         raise UsageError(f"compare: noise must be a number >= 0: {', '.join(bad)}")
 
     # A column whose interval both tables hold is compared by the interval of its Δ.
-    with_bounds = [name for name in columns if name in INTERVALS
-                   and all(bound in frame.columns for frame in (a, b) for bound in INTERVALS[name])]
-    bounds = [bound for name in with_bounds for bound in INTERVALS[name]]
+    with_bounds = [name for name in columns if name in intervals
+                   and all(bound in frame.columns for frame in (a, b) for bound in intervals[name])]
+    bounds = [bound for name in with_bounds for bound in intervals[name]]
 
     def side(frame: pl.DataFrame, suffix: str) -> pl.LazyFrame:
         status = [pl.col("status").alias(f"status_{suffix}")] if "status" in frame.columns else []
@@ -118,10 +131,10 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
     for name in columns:
         value_a, value_b = pl.col(f"{name}_a"), pl.col(f"{name}_b")
         delta = value_b - value_a
-        low, high = _moved(name) if name in with_bounds else (pl.lit(None, dtype=pl.Float64),) * 2
+        low, high = _moved(name, intervals[name]) if name in with_bounds else (pl.lit(None, dtype=pl.Float64),) * 2
         bounded = low.is_not_null() & high.is_not_null() if name not in noise else pl.lit(False)
         # A row without an interval (one timed step) falls back on the noise given or the default rule.
-        rule = pl.lit(float(noise[name])) if name in noise else DEFAULT_NOISE.get(name, OTHER).expr(value_a)
+        rule = pl.lit(float(noise[name])) if name in noise else rules.get(name, OTHER).expr(value_a)
         threshold = pl.when(bounded).then(pl.lit(None, dtype=pl.Float64)).otherwise(rule)
         one_sided = value_a.is_null() != value_b.is_null()
         beyond = pl.when(bounded).then((low > 0) | (high < 0)).otherwise(delta.abs() > rule)
@@ -139,9 +152,10 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, *, columns: Sequence[str] | None =
     return joined.select(pl.col(KEY), present.alias(PRESENT), *status, *per_column).collect()
 
 
-def _moved(name: str) -> tuple[pl.Expr, pl.Expr]:
-    """The interval of b - a from the two sides' intervals (MOVER, ``steadystate.difference``)."""
-    low_name, high_name = INTERVALS[name]
+def _moved(name: str, bounds: tuple[str, str]) -> tuple[pl.Expr, pl.Expr]:
+    """The interval of b - a from the two sides' intervals (MOVER, ``steadystate.difference``),
+    ``bounds`` the names of a side's (low, high)."""
+    low_name, high_name = bounds
     a, b = pl.col(f"{name}_a"), pl.col(f"{name}_b")
     a_low, a_high, b_low, b_high = (pl.col(f"{bound}_{side}") for side, bound in
                                     (("a", low_name), ("a", high_name), ("b", low_name), ("b", high_name)))
@@ -151,11 +165,14 @@ def _moved(name: str) -> tuple[pl.Expr, pl.Expr]:
     return low, high
 
 
-def compared_columns(a: pl.DataFrame, b: pl.DataFrame, columns: Sequence[str] | None) -> list[str]:
+def compared_columns(a: pl.DataFrame, b: pl.DataFrame, columns: Sequence[str] | None,
+                     specs: Iterable[ReportColumn] = COLUMNS) -> list[str]:
     """``columns`` checked against both tables, or (None) every numeric column both have but
-    the bounds of intervals (they are compared with their value)."""
+    the bounds of intervals (they are compared with their value; ``specs`` name them)."""
+    bounds = bound_names(specs)
+
     def numeric(frame: pl.DataFrame) -> set[str]:
-        return {name for name, dtype in frame.schema.items() if dtype.is_numeric() and name not in BOUNDS}
+        return {name for name, dtype in frame.schema.items() if dtype.is_numeric() and name not in bounds}
 
     if columns is None:
         shared = numeric(a) & numeric(b)

@@ -50,6 +50,7 @@ from steadystate import (
     steady_mean,
     warmup,
 )
+from sweepkit.report.columns import BY_NAME, COLUMNS, folds
 
 BASE = "base"
 FINISHED = ("passed", "xpassed")
@@ -104,18 +105,11 @@ def _mean(values: list) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
-# How a row takes each number of its runs (the runs whose numbers count: see fold).
-FOLDS = {
-    **dict.fromkeys(("gen_frac", "train_frac", "sync_frac", "ref_frac", "teacher_frac", "reward_first",
-                     "reward_last", "kl_first", "kl_last", "pass_at_1", "entropy_first", "entropy_last"), _mean),
-    **dict.fromkeys(("steps", "memory_peak_gb", "logratio_max", "grad_norm_max", "pass_at_k_best"), max),
-    "entropy_min": min,
-    "gpu_hours": math.fsum,
-    "eval_k": lambda values: values[0],
-    "eval_prompts": lambda values: values[0],
-    "entropy_collapse": any,
-    "pass_at_k_per_gpu_hour": _mean,
-}
+# How a row folds each number of its runs (the runs whose numbers count: see fold), by the
+# ``fold`` of the column's spec (sweepkit.report.columns).
+FOLD_FUNCTIONS = {"mean": _mean, "max": max, "min": min, "sum": math.fsum, "first": lambda values: values[0],
+                  "any": any}
+FOLDS = {name: FOLD_FUNCTIONS[how] for name, how in folds(COLUMNS).items()}
 
 
 def row_status(statuses: Sequence[str]) -> str:
@@ -206,10 +200,12 @@ def _interval(estimate, level: float) -> Interval | None:
     return estimate.interval(level) if estimate is not None else None
 
 
-def _bounds(prefix: str, interval: Interval | None, scale: float = 1.0) -> dict[str, float | None]:
+def _bounds(column: str, interval: Interval | None, scale: float = 1.0) -> dict[str, float | None]:
+    """``column``'s bound columns (its spec's) with ``interval``'s bounds."""
     low = interval.low * scale if interval is not None and interval.low is not None else None
     high = interval.high * scale if interval is not None and interval.high is not None else None
-    return {f"{prefix}_lo": low, f"{prefix}_hi": high}
+    low_name, high_name = BY_NAME[column].bounds
+    return {low_name: low, high_name: high}
 
 
 def decide(rows: list[dict], level: float = LEVEL) -> list[dict]:
@@ -228,8 +224,9 @@ def decide(rows: list[dict], level: float = LEVEL) -> list[dict]:
             estimate = row["_estimates"][key]
             row[key] = estimate.mean if estimate is not None else row.get(key)
             row.update(_bounds(key, _interval(estimate, level)))
-            if key != "pass_at_k" and row[f"{key}_lo"] is not None:
-                row[f"{key}_lo"] = max(row[f"{key}_lo"], 0.0)  # a time or a rate is never below 0
+            low = BY_NAME[key].bounds[0]
+            if key != "pass_at_k" and row[low] is not None:
+                row[low] = max(row[low], 0.0)  # a time or a rate is never below 0
     for spec in AGAINST:
         _against_base(rows, base, level, spec)
     return rows
@@ -237,13 +234,13 @@ def decide(rows: list[dict], level: float = LEVEL) -> list[dict]:
 
 @attrs.frozen(kw_only=True)
 class Against:
-    """One Δ-vs-base comparison the report makes: of ``key``, into the columns ``value``,
-    ``value_lo``, ``value_hi`` and ``verdict``; ``change`` makes the interval of the Δ from the
-    two intervals (``ratio`` in percent, or ``difference``); ``lower`` / ``higher`` name a
-    finding by its direction."""
+    """One Δ-vs-base comparison the report makes: of ``key``, into the column ``column`` (the
+    Δ, with the interval its spec names) and ``verdict``; ``change`` makes the interval of
+    the Δ from the two intervals (``ratio`` in percent, or ``difference``); ``lower`` /
+    ``higher`` name a finding by its direction."""
 
     key: str
-    value: str
+    column: str
     verdict: str
     change: Any
     scale: float
@@ -257,19 +254,19 @@ class Against:
 
 
 AGAINST = (
-    Against(key="sec_per_step", value="delta_vs_base", verdict="verdict", change=ratio, scale=100.0,
+    Against(key="sec_per_step", column="delta_vs_base_pct", verdict="verdict", change=ratio, scale=100.0,
             lower=FASTER, higher=SLOWER),
-    Against(key="pass_at_k", value="pass_at_k_vs_base", verdict="pass_at_k_verdict", change=difference,
-            scale=1.0, lower=WORSE, higher=BETTER),
+    Against(key="pass_at_k", column="pass_at_k_vs_base", verdict="pass_at_k_verdict", change=difference, scale=1.0,
+            lower=WORSE, higher=BETTER),
 )
 
 
 def _against_base(rows: list[dict], base: dict | None, level: float, spec: Against) -> None:
     """Each row's Δ of ``spec.key`` against base, its interval at the level of all the rows'
     comparisons at once, and its verdict."""
-    column = "delta_vs_base_pct" if spec.key == "sec_per_step" else spec.value
+    column = spec.column
     for row in rows:
-        row.update({column: None, f"{spec.value}_lo": None, f"{spec.value}_hi": None, spec.verdict: None})
+        row.update({column: None, **_bounds(column, None), spec.verdict: None})
     if base is None or base["_estimates"][spec.key] is None:
         return
     base[column] = 0.0
@@ -282,7 +279,7 @@ def _against_base(rows: list[dict], base: dict | None, level: float, spec: Again
         a, b = _interval(base_estimate, each), _interval(estimate, each)
         change = spec.change(a, b) if a is not None and b is not None else None
         if change is not None:
-            row.update(_bounds(spec.value, change, spec.scale))
+            row.update(_bounds(column, change, spec.scale))
         if row.get("inert"):
             row[spec.verdict] = INERT
         elif isinstance(estimate, Proportion) or isinstance(base_estimate, Proportion):

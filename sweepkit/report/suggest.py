@@ -39,35 +39,30 @@ The rules:
 
 from __future__ import annotations
 
-import ast
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import polars as pl
 
+from steadystate import ratio
 from sweepkit.errors import UsageError, did_you_mean
 from sweepkit.grid.cell import Cell
-from sweepkit.report.compare import DEFAULT_NOISE, OTHER
+from sweepkit.report.columns import BY_NAME, COLUMNS, ReportColumn, by_name, directions, shown_as
+from sweepkit.report.compare import OTHER, Noise, default_noise
+from sweepkit.report.intervals import AGAINST
+from sweepkit.report.suggest_code import code_text, number_text
 from sweepkit.report.tables import BASE_CELL
 
 DEFAULT_NAME = "combo_suggested"
-LINE_WIDTH = 100  # the cell on one line up to this width, else one line per winner
 # Outcomes whose numbers stand for the cell's config (sweepkit.state.records.outcome's words).
 PASSING = ("passed", "xpassed")
-# The columns with a known better direction (True: lower is better); any other numeric
-# column needs lower_is_better spelled out.
-DIRECTIONS = {
-    "sec_per_step": True,
-    "delta_vs_base_pct": True,
-    "tok_per_s": False,
-    "memory_peak_gb": True,
-    "reward_last": False,
-    "pass_at_1": False,
-    "pass_at_k": False,
-    "kl_last": True,
-}
+# The columns with a known better direction (True: lower is better), from their specs'
+# ``better``; any other numeric column needs lower_is_better spelled out.
+DIRECTIONS = directions(COLUMNS)
+# The columns whose numbers rest on timed steps (what a row's Δ rests on, said in the code).
+TIMED = ("sec_per_step", "delta_vs_base_pct", "tok_per_s")
 
 
 @attrs.frozen(kw_only=True)
@@ -83,13 +78,27 @@ class Signal:
     percent: bool
 
 
-SIGNALS = {
-    "sec_per_step": Signal(verdict="verdict", lower="faster", higher="slower",
-                           delta=("delta_vs_base_pct", "delta_vs_base_lo", "delta_vs_base_hi"), percent=True),
-    "pass_at_k": Signal(verdict="pass_at_k_verdict", lower="worse", higher="better",
-                        delta=("pass_at_k_vs_base", "pass_at_k_vs_base_lo", "pass_at_k_vs_base_hi"), percent=False),
-}
-SIGNALS["delta_vs_base_pct"] = SIGNALS["sec_per_step"]
+def signals(specs: Iterable[ReportColumn]) -> dict[str, Signal]:
+    """Column -> its signal, for the columns whose spec names the ``verdict`` that decides
+    them: the Δ-vs-base comparison that writes that verdict (``intervals.AGAINST``)."""
+    specs = tuple(specs)
+    named = {**BY_NAME, **by_name(specs)}
+    comparisons = {against.verdict: against for against in AGAINST}
+    out = {}
+    for spec in specs:
+        if spec.verdict is None:
+            continue
+        against = comparisons.get(spec.verdict)
+        if against is None:
+            raise UsageError(f"suggest: column {spec.name!r}: no Δ vs base writes its verdict {spec.verdict!r} "
+                             f"(known: {', '.join(comparisons)})")
+        out[spec.name] = Signal(verdict=against.verdict, lower=against.lower, higher=against.higher,
+                                delta=(against.column, *named[against.column].bounds),
+                                percent=against.change is ratio)
+    return out
+
+
+SIGNALS = signals(COLUMNS)
 # What a row's verdict says when it is no finding, as an axis's reason to keep base.
 NO_FINDING = {"within noise": "no winner (within noise)", "inert": "inert here", "too few steps": "too few steps",
               "1 seed": "1 seed: no seed spread measured (give base seeds=3)"}
@@ -148,22 +157,29 @@ class Suggestion:
     name: str
     same_as: str | None  # a measured cell with exactly ``changes``
     rule: str  # how a change was told from the noise
+    delta_percent: bool = False  # the column's Δ vs base is in percent
 
     @property
     def code(self) -> str:
         """Grid-file code to append: comments per axis, then the cell (or only comments)."""
-        return _code(self)
+        return code_text(self)
 
 
 def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
-            lower_is_better: bool | None = None, name: str = DEFAULT_NAME) -> Suggestion:
+            lower_is_better: bool | None = None, name: str = DEFAULT_NAME,
+            specs: Iterable[ReportColumn] = COLUMNS) -> Suggestion:
     """The winner of each one-factor axis of the grid of ``cells`` by ``column`` of
     ``table`` (the report's tables of the grid, joined: one row per cell, its repeats over
     seeds folded in), and the combo that joins them.
 
-    ``lower_is_better`` may be left out for the columns of :data:`DIRECTIONS`.
+    ``lower_is_better`` may be left out for the columns whose spec says which direction is
+    better (:data:`DIRECTIONS`, of ``specs``: the built-in columns, and those a plugin's
+    tables bring).
     """
-    lower_is_better = _direction(table, column, lower_is_better)
+    specs = tuple(specs)
+    lower_is_better = _direction(table, column, lower_is_better, directions(specs))
+    noise = default_noise(specs).get(column, OTHER)
+    known_signals = signals(specs)
     cells = [cell for cell in cells if getattr(cell, "group", cell.name) == cell.name]  # a row per repeat group
     grids = {cell.grid for cell in cells}
     if len(grids) > 1:
@@ -171,8 +187,8 @@ def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
     base = next((cell for cell in cells if cell.name == BASE_CELL), None)
     if base is None:
         raise UsageError("suggest: the grid has no base cell")
-    rows = _rows(table, column)
-    signal = SIGNALS.get(column)
+    rows = _rows(table, column, shown_as(specs, "verdict"))
+    signal = known_signals.get(column)
     if signal is not None and signal.verdict not in table.columns:
         signal = None  # a table made before the report had intervals: the default rule
     good = None if signal is None else signal.lower if lower_is_better else signal.higher
@@ -196,7 +212,7 @@ def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
             verdict = row.get(signal.verdict)
             finding = verdict == good and base_value is not None
         else:
-            verdict, delta, finding = _default_rule(column, value, base_value, lower_is_better, row.get("inert"))
+            verdict, delta, finding = _default_rule(noise, value, base_value, lower_is_better, row.get("inert"))
         return Option(cell=cell.name, value=value, changes=changes, delta=delta, verdict=verdict,
                       rests_on=row["rests_on"], finding=finding)
 
@@ -224,24 +240,24 @@ def suggest(cells: Sequence[Cell], table: pl.DataFrame, *, column: str,
     rule = (f"a change counts when the report's interval of its Δ vs base excludes 0 ({signal.verdict})"
             if signal is not None else
             f"{column} has no interval in the report: a change counts beyond the default noise rule "
-            f"(sweepkit.report.compare.DEFAULT_NOISE: {_rule_text(column)})")
+            f"(sweepkit.report.compare.DEFAULT_NOISE: {_rule_text(noise)})")
     return Suggestion(column=column, lower_is_better=lower_is_better, base_value=base_value,
                       base_rests_on=base_option.rests_on, axes=tuple(axes), changes=changes, joined=tuple(joined),
-                      combos=combos, notes=tuple(notes), name=unique, same_as=same_as, rule=rule)
+                      combos=combos, notes=tuple(notes), name=unique, same_as=same_as, rule=rule,
+                      delta_percent=column in known_signals and known_signals[column].percent)
 
 
-def _rule_text(column: str) -> str:
-    noise = DEFAULT_NOISE.get(column, OTHER)
+def _rule_text(noise: Noise) -> str:
     return f"{noise.relative:.0%} of base" if noise.relative else f"{noise.absolute:g} absolute"
 
 
-def _default_rule(column: str, value: float, base: float | None, lower_is_better: bool, inert: bool):
-    """(verdict, Δ, finding) of a column the report gives no interval: the compare rule."""
+def _default_rule(noise: Noise, value: float, base: float | None, lower_is_better: bool, inert: bool):
+    """(verdict, Δ, finding) of a column the report gives no interval: the compare rule
+    ``noise``."""
     if base is None:
         return None, None, False
     if inert:
         return "inert", (value - base, None, None), False
-    noise = DEFAULT_NOISE.get(column, OTHER)
     threshold = max(noise.absolute, noise.relative * abs(base))
     move = value - base
     if abs(move) <= threshold:
@@ -250,22 +266,22 @@ def _default_rule(column: str, value: float, base: float | None, lower_is_better
     return ("better" if better else "worse"), (move, None, None), better
 
 
-def _direction(table: pl.DataFrame, column: str, lower_is_better: bool | None) -> bool:
+def _direction(table: pl.DataFrame, column: str, lower_is_better: bool | None, known: Mapping[str, bool]) -> bool:
     if column not in table.columns:
         raise UsageError(f"suggest: --by {column}: no such column in the report{did_you_mean(column, table.columns)}")
     if not table.schema[column].is_numeric():
         raise UsageError(f"suggest: --by {column}: the column is not numeric ({table.schema[column]})")
     if lower_is_better is None:
-        if column not in DIRECTIONS:
+        if column not in known:
             raise UsageError(f"suggest: --by {column}: say whether lower or higher {column} is better "
-                             f"(--lower or --higher; known: {', '.join(DIRECTIONS)})")
-        return DIRECTIONS[column]
+                             f"(--lower or --higher; known: {', '.join(known)})")
+        return known[column]
     return lower_is_better
 
 
-def _rows(table: pl.DataFrame, column: str) -> dict[str, dict[str, Any]]:
-    """cell -> its row: ``status``, ``value`` (None where missing or NaN), ``rests_on`` and
-    the columns a signal reads."""
+def _rows(table: pl.DataFrame, column: str, verdict_columns: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """cell -> its row: ``status``, ``value`` (None where missing or NaN), ``rests_on``,
+    ``inert`` (a verdict of ``verdict_columns`` says so) and the columns a signal reads."""
     out = {}
     for row in table.iter_rows(named=True):
         value = row.get(column)
@@ -274,13 +290,13 @@ def _rows(table: pl.DataFrame, column: str) -> dict[str, dict[str, Any]]:
         seeds, steps = row.get("seeds"), row.get("timed_steps")
         if seeds and seeds > 1:
             rests_on = f"{seeds} seeds"
-        elif column in ("sec_per_step", "delta_vs_base_pct", "tok_per_s") and steps:
+        elif column in TIMED and steps:
             rests_on = f"{steps} timed step{'' if steps == 1 else 's'}"
         elif column == "pass_at_k" and row.get("eval_prompts"):
             rests_on = f"1 seed, {row['eval_prompts']} prompts"
         else:
             rests_on = ""
-        verdicts = [row.get(name) for name in ("verdict", "pass_at_k_verdict")]
+        verdicts = [row.get(name) for name in verdict_columns]
         out[row["cell"]] = {**row, "status": status, "value": value, "rests_on": rests_on,
                             "inert": "inert" in verdicts}
     return out
@@ -351,7 +367,7 @@ def _join(axes: list[Axis], lower_is_better: bool):
             other = owner[next(iter(clash))]
             text = ", ".join(f"{key}={value!r} (not {changes[key]!r})" for key, value in clash.items())
             note = (f"{axis.winner} conflicts with {other.winner} on {text}: "
-                    f"kept {other.winner} ({_number(other.value)} vs {_number(axis.value)})")
+                    f"kept {other.winner} ({number_text(other.value)} vs {number_text(axis.value)})")
             notes.append(note)
             result[id(axis)] = attrs.evolve(axis, dropped=note)
             continue
@@ -377,89 +393,6 @@ def _equal(a, b) -> bool:
 def _same(cell: Cell, changes: Mapping[str, Any]) -> bool:
     diff = {key: after for key, (_, after) in cell.diff.items()}
     return diff.keys() == changes.keys() and all(_equal(diff[key], changes[key]) for key in diff)
-
-
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
-def _delta_text(option: Option, s: Suggestion) -> str:
-    """``-20.0% [-22.1, -17.8] vs base`` (or the Δ without bounds), and what it rests on."""
-    if option.delta is None or option.delta[0] is None:
-        return ""
-    value, low, high = option.delta
-    percent = s.column in ("sec_per_step", "delta_vs_base_pct")
-    form = "+.1f" if percent else "+.3g"
-    text = format(value, form) + ("%" if percent else "")
-    if low is not None or high is not None:
-        text += f" [{'?' if low is None else format(low, form)}, {'?' if high is None else format(high, form)}]"
-    rests = f"; {option.rests_on}, base {s.base_rests_on}" if option.rests_on and s.base_rests_on else ""
-    return f"{text} vs base{rests}"
-
-
-def _option_text(option: Option, s: Suggestion) -> str:
-    delta = _delta_text(option, s)
-    verdict = f" {option.verdict}" if option.verdict and not option.finding else ""
-    return f"{option.cell} {_number(option.value)}" + (f" ({delta})" if delta else "") + verdict
-
-
-def _axis_line(axis: Axis, s: Suggestion) -> str:
-    others = ", ".join(_option_text(o, s) for o in axis.options
-                       if o.cell not in (axis.winner, BASE_CELL) and o.value is not None)
-    excluded = ", ".join(f"{o.cell}: {o.excluded}" for o in axis.options
-                         if o.excluded is not None and o.cell != BASE_CELL)
-    tail = "".join([f"; {others}" if others else "", f"; excluded {excluded}" if excluded else ""])
-    if axis.winner is None:
-        return f"{axis.name}: nothing to compare{tail}"
-    tie = f", tied with {', '.join(axis.tied)}" if axis.tied else ""
-    if axis.winner == BASE_CELL:
-        return f"{axis.name}: {axis.why}, base kept{tail.replace('; ', ': ', 1)}"
-    winner = axis.winner_option
-    changes = " ".join(f"{key}={value!r}" for key, value in axis.changes.items())
-    dropped = "; dropped (conflict)" if axis.dropped else ""
-    return f"{axis.name}: {_option_text(winner, s)} [{changes}]{tie}{tail}{dropped}"
-
-
-def _literal(value: Any) -> str:
-    text = repr(value)
-    try:
-        ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise UsageError(f"suggest: value {text} cannot be written as a Python literal") from None
-    return text
-
-
-def _code(s: Suggestion) -> str:
-    direction = "lower" if s.lower_is_better else "higher"
-    rests = f" ({s.base_rests_on})" if s.base_rests_on else ""
-    lines = [f"# Suggested by {s.column} ({direction} is better), base {_number(s.base_value)}{rests};",
-             f"# {s.rule}:"]
-    lines += [f"#   {_axis_line(axis, s)}" for axis in s.axes]
-    if s.combos:
-        lines.append("#   measured combos: " + ", ".join(
-            _option_text(o, s) if o.value is not None else f"{o.cell} ({o.excluded})" for o in s.combos))
-    lines += [f"# {note}" for note in s.notes]
-    if not s.changes:
-        lines.append("# no axis beats base beyond the noise: no combo to suggest")
-        return "\n".join(lines) + "\n"
-    if s.same_as:
-        lines.append(f"# {s.same_as} already has exactly these changes")
-    arguments = ", ".join(f"{key}={_literal(value)}" for key, value in s.changes.items())
-    line = f"{s.name} = sk.cell({arguments})  # {s.column}: joins {', '.join(s.joined)}"
-    if len(line) <= LINE_WIDTH:
-        return "\n".join([*lines, line]) + "\n"
-    # Too long for one line: one line per joined winner, its numbers beside its keys.
-    lines.append(f"{s.name} = sk.cell(")
-    written: set[str] = set()
-    for axis in s.axes:
-        if axis.winner in s.joined and axis.dropped is None:
-            own = [key for key in axis.changes if key not in written]  # a key two winners agree on: once
-            written.update(own)
-            keys = "".join(f"{key}={_literal(s.changes[key])}, " for key in own).rstrip()
-            spacing = "  " if keys else ""
-            lines.append(f"    {keys}{spacing}# {_option_text(axis.winner_option, s)}")
-    lines.append(")")
-    return "\n".join(lines) + "\n"
 
 
 def format_suggestion(s: Suggestion) -> str:

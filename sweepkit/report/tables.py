@@ -9,45 +9,17 @@ gets a row, also one that is still running, failed, or has no metrics yet; a cel
 fresh attempt has not started yet (``--rerun`` mid-sweep) gets one with no numbers, since
 the files it still holds are its earlier run's.
 
-How the numbers are made (train steps of one cell, ordered by step, one record per step:
-a step logged twice by a resumed run counts once, the later record):
-
-- ``sec_per_step``: median of ``timing/step`` after warm-up; warm-up is the first 10% of
-  the steps and at least the first step (none when there is only one step);
-- ``tok_per_s``: median of ``throughput/tokens_per_s`` over the same steps;
-- ``gen_frac`` / ``train_frac`` / ``sync_frac`` / ``ref_frac`` / ``teacher_frac``: mean of
-  ``timing/generate`` / ``timing/policy_train`` / ``timing/sync_weights`` / ``timing/ref`` /
-  ``timing/teacher`` (OPD's teacher scoring) divided by mean of ``timing/step``, over the
-  same steps;
-- ``delta_vs_base_pct``: ``sec_per_step`` against the grid's ``base`` cell, in percent
-  (negative is faster);
-- ``reward_first`` / ``reward_last``: mean ``reward/mean`` over the first / last 10% of the
-  steps that report it, at least 1 and at most 10 steps;
-- ``kl_first`` / ``kl_last``: the same windows of ``distill/token_kl_mean`` (OPD; it
-  should fall);
-- ``pass_at_1`` / ``pass_at_k`` / ``eval_k``: from the last eval record;
-- ``entropy_min``: minimum of ``policy/entropy``; ``entropy_first`` / ``entropy_last``: its
-  first / last windows as for the reward; ``entropy_collapse``: ``entropy_last`` below
-  ``COLLAPSE_FRACTION`` (0.2) of ``entropy_first`` (the seeds' mandatory collapse guard);
-  ``logratio_max``: maximum of ``policy/kl`` (the update's drift from the sampling
-  policy); ``grad_norm_max``: maximum of ``policy/grad_norm``; ``memory_peak_gb``: maximum
-  of ``memory/peak_gb``;
-- ``timed_steps`` / ``sec_per_step_sd``: how many steps ``sec_per_step`` rests on and their
-  standard deviation; ``note`` says when a vs-base figure rests on one timed step, and
-  when a cell's diff touches only knobs its run reported as having no effect (the
-  trainer's ``inert_knobs``);
-- ``bottleneck``: the largest share of the timing split (generate-, train-, ref-,
-  teacher- or sync-bound);
-- ``gpu_hours``: the cell's GPUs x the wall time of its attempts (none on CPU);
-  ``pass_at_k_per_gpu_hour``: the last ``pass_at_k`` over it; ``pass_at_k_best`` /
-  ``pass_at_k_best_step``: the best eval and its step.
-
 Each grid's tables are headed by the profile, model and device its runs used. The tables
 and the formats are registrations (``sweepkit.report.renderers`` holds the built-in ones and says
 what each writes): a plugin adds a table (a query over :class:`GridFrames`) or a format with
 one hookimpl. Among the files, ``runs/<grid>/report/index.html`` is one self-contained page
 (no script, no network: clusters are offline) with the tables, each cell's diff and the
 reward, pass@k, entropy and sec/step curves of every cell (``sweepkit.report.html``).
+
+How each number is made, column by column (train steps of one cell, ordered by step, one
+record per step: a step logged twice by a resumed run counts once, the later record; this
+list is rendered from the specs of ``sweepkit.report.columns``, where a column is defined):
+
 """
 
 from __future__ import annotations
@@ -62,53 +34,46 @@ import polars as pl
 from steadystate import LEVEL, check_level
 from sweepkit.errors import ExitCode, UsageError
 from sweepkit.report import intervals
+from sweepkit.report.columns import (ACCURACY_TABLE, COLUMNS, THROUGHPUT_TABLE, column_docs, metrics_read, row_types,
+                                     table_columns)
 from sweepkit.report.html import CURVES
-from sweepkit.report.registry import GridReport, ReportTable, report_registry
+from sweepkit.report.registry import GridReport, ReportTable, columns_of, report_registry
 from sweepkit.report.status import file_warnings, grid_order
 from sweepkit.run import failures
 from sweepkit.state import metrics
 from sweepkit.state import records as st
 
+if __doc__ is not None:  # None under python -OO
+    __doc__ += column_docs(COLUMNS) + "\n"
+
 REPORT_DIR = "report"
 BASE_CELL = "base"
 
-THROUGHPUT = ("cell", "status", "seeds", "steps", "sec_per_step", "sec_per_step_lo", "sec_per_step_hi",
-              "timed_steps", "warmup_steps", "delta_vs_base_pct", "delta_vs_base_lo", "delta_vs_base_hi", "verdict",
-              "tok_per_s", "tok_per_s_lo", "tok_per_s_hi", "gen_frac", "train_frac", "sync_frac", "ref_frac",
-              "teacher_frac", "bottleneck", "memory_peak_gb", "gpu_hours", "note", "diff", "failure")
-ACCURACY = ("cell", "status", "seeds", "steps", "reward_first", "reward_last", "kl_first", "kl_last", "pass_at_1",
-            "pass_at_k", "pass_at_k_lo", "pass_at_k_hi", "eval_k", "eval_prompts", "pass_at_k_vs_base",
-            "pass_at_k_vs_base_lo", "pass_at_k_vs_base_hi", "pass_at_k_verdict", "pass_at_k_best",
-            "pass_at_k_best_step", "pass_at_k_per_gpu_hour", "entropy_first", "entropy_last", "entropy_min",
-            "entropy_collapse", "logratio_max", "grad_norm_max", "note", "diff", "failure")
-# The timing split's columns and the label of the one that dominates a step.
+THROUGHPUT = table_columns(COLUMNS, THROUGHPUT_TABLE)
+ACCURACY = table_columns(COLUMNS, ACCURACY_TABLE)
+# The timing split's columns and the label of the one that dominates a step (in this order:
+# the first of equal shares names it).
 BOTTLENECKS = {"gen_frac": "generate-bound", "train_frac": "train-bound", "ref_frac": "ref-bound",
                "teacher_frac": "teacher-bound", "sync_frac": "sync-bound"}
 # Entropy collapse: the last steps' mean entropy below this share of the first steps'.
 COLLAPSE_FRACTION = 0.2
 # The built-in tables' columns (sweepkit.report.renderers registers them); a library caller
 # without a session (compare, suggest, the benchmark) gets these.
-TABLES = {"throughput": THROUGHPUT, "accuracy": ACCURACY}
+TABLES = {THROUGHPUT_TABLE: THROUGHPUT, ACCURACY_TABLE: ACCURACY}
 BUILTIN_TABLES = {
-    "throughput": ReportTable.of_columns(THROUGHPUT, "step time with its interval, its split and the bottleneck, "
-                                                     "Δ vs base with a verdict"),
-    "accuracy": ReportTable.of_columns(ACCURACY, "reward, pass@k with its interval and Δ vs base, entropy "
-                                                 "(collapse), KL and drift"),
+    THROUGHPUT_TABLE: ReportTable.of_columns(THROUGHPUT, "step time with its interval, its split and the "
+                                                         "bottleneck, Δ vs base with a verdict"),
+    ACCURACY_TABLE: ReportTable.of_columns(ACCURACY, "reward, pass@k with its interval and Δ vs base, entropy "
+                                                     "(collapse), KL and drift"),
 }
 # The types of the columns of a row (a cell, its repeats over seeds folded in).
-TEXT = ("cell", "status", "verdict", "pass_at_k_verdict", "bottleneck", "note", "diff", "failure")
-INTEGERS = ("seeds", "steps", "timed_steps", "warmup_steps", "eval_k", "eval_prompts", "pass_at_k_best_step")
-ROW_SCHEMA = {name: pl.String if name in TEXT else pl.Int64 if name in INTEGERS
-              else pl.Boolean if name == "entropy_collapse" else pl.Float64
-              for name in dict.fromkeys(THROUGHPUT + ACCURACY)}
+POLARS_TYPES = {"text": pl.String, "integer": pl.Int64, "float": pl.Float64, "boolean": pl.Boolean}
+ROW_SCHEMA = {name: POLARS_TYPES[dtype] for name, dtype in row_types(COLUMNS, TABLES).items()}
 
 # What the HTML page draws, by step.
 CURVE_METRICS = tuple(name for name, _ in CURVES)
-# Every metric an expression below reads; a cell set that never logged one gets nulls.
-USED_METRICS = ("timing/step", "timing/generate", "timing/policy_train", "timing/sync_weights", "timing/ref",
-                "timing/teacher", "distill/token_kl_mean",
-                "throughput/tokens_per_s", "reward/mean", "policy/entropy", "policy/grad_norm", "policy/kl",
-                "memory/peak_gb", "eval/pass_at_1", "eval/pass_at_k", "eval/k", "eval/prompts")
+# Every metric a column's making or a curve reads; a cell set that never logged one gets nulls.
+USED_METRICS = tuple(dict.fromkeys((*metrics_read(COLUMNS), *CURVE_METRICS)))
 
 
 def _by_step(column: str) -> pl.Expr:
@@ -130,45 +95,50 @@ def _frac(column: str) -> pl.Expr:
     return _steady(column).mean() / _steady("timing/step").mean()
 
 
-TRAIN_AGGREGATES = (
-    pl.col("step").max().alias("steps"),
-    _frac("timing/generate").alias("gen_frac"),
-    _frac("timing/policy_train").alias("train_frac"),
-    _frac("timing/sync_weights").alias("sync_frac"),
-    _frac("timing/ref").alias("ref_frac"),
-    _frac("timing/teacher").alias("teacher_frac"),
-    pl.col("memory/peak_gb").max().alias("memory_peak_gb"),
-    _window_mean("reward/mean", last=False).alias("reward_first"),
-    _window_mean("reward/mean", last=True).alias("reward_last"),
-    _window_mean("distill/token_kl_mean", last=False).alias("kl_first"),
-    _window_mean("distill/token_kl_mean", last=True).alias("kl_last"),
-    _window_mean("policy/entropy", last=False).alias("entropy_first"),
-    _window_mean("policy/entropy", last=True).alias("entropy_last"),
-    pl.col("policy/entropy").min().alias("entropy_min"),
-    pl.col("policy/kl").max().alias("logratio_max"),
-    pl.col("policy/grad_norm").max().alias("grad_norm_max"),
-)
-EVAL_AGGREGATES = (
-    _by_step("eval/pass_at_1").drop_nulls().last().alias("pass_at_1"),
-    _by_step("eval/pass_at_k").drop_nulls().last().alias("pass_at_k"),
-    _by_step("eval/k").drop_nulls().last().alias("eval_k"),
-    _by_step("eval/prompts").drop_nulls().last().cast(pl.Int64).alias("eval_prompts"),
-    pl.col("eval/pass_at_k").max().alias("pass_at_k_best"),
-    pl.col("step").sort_by("eval/pass_at_k", descending=True, nulls_last=True).first().alias("pass_at_k_best_step"),
-)
-# The largest share of the step, named; none without a timing split.
-BOTTLENECK = (
-    pl.when(pl.max_horizontal(*BOTTLENECKS).is_not_null())
+# The expression of each column made by polars (``made`` train, eval, run or row in its
+# spec), by name; the stage it runs in is its spec's.
+AGGREGATES = {
+    "steps": pl.col("step").max(),
+    "gen_frac": _frac("timing/generate"),
+    "train_frac": _frac("timing/policy_train"),
+    "sync_frac": _frac("timing/sync_weights"),
+    "ref_frac": _frac("timing/ref"),
+    "teacher_frac": _frac("timing/teacher"),
+    "memory_peak_gb": pl.col("memory/peak_gb").max(),
+    "reward_first": _window_mean("reward/mean", last=False),
+    "reward_last": _window_mean("reward/mean", last=True),
+    "kl_first": _window_mean("distill/token_kl_mean", last=False),
+    "kl_last": _window_mean("distill/token_kl_mean", last=True),
+    "entropy_first": _window_mean("policy/entropy", last=False),
+    "entropy_last": _window_mean("policy/entropy", last=True),
+    "entropy_min": pl.col("policy/entropy").min(),
+    "logratio_max": pl.col("policy/kl").max(),
+    "grad_norm_max": pl.col("policy/grad_norm").max(),
+    "pass_at_1": _by_step("eval/pass_at_1").drop_nulls().last(),
+    "pass_at_k": _by_step("eval/pass_at_k").drop_nulls().last(),
+    "eval_k": _by_step("eval/k").drop_nulls().last(),
+    "eval_prompts": _by_step("eval/prompts").drop_nulls().last().cast(pl.Int64),
+    "pass_at_k_best": pl.col("eval/pass_at_k").max(),
+    "pass_at_k_best_step": pl.col("step").sort_by("eval/pass_at_k", descending=True, nulls_last=True).first(),
+    "entropy_collapse": pl.when(pl.col("entropy_first").is_not_null() & pl.col("entropy_last").is_not_null())
+    .then(pl.col("entropy_last") < COLLAPSE_FRACTION * pl.col("entropy_first")),
+    "pass_at_k_per_gpu_hour": pl.when(pl.col("gpu_hours") > 0).then(pl.col("pass_at_k") / pl.col("gpu_hours")),
+    # The largest share of the step, named; none without a timing split.
+    "bottleneck": pl.when(pl.max_horizontal(*BOTTLENECKS).is_not_null())
     .then(pl.concat_list([pl.col(c).fill_null(-1.0) for c in BOTTLENECKS]).list.arg_max()
-          .replace_strict(dict(enumerate(BOTTLENECKS.values())), return_dtype=pl.String))
-).alias("bottleneck")
-COLLAPSE = (
-    pl.when(pl.col("entropy_first").is_not_null() & pl.col("entropy_last").is_not_null())
-    .then(pl.col("entropy_last") < COLLAPSE_FRACTION * pl.col("entropy_first"))
-).alias("entropy_collapse")
-PER_GPU_HOUR = (
-    pl.when(pl.col("gpu_hours") > 0).then(pl.col("pass_at_k") / pl.col("gpu_hours"))
-).alias("pass_at_k_per_gpu_hour")
+          .replace_strict(dict(enumerate(BOTTLENECKS.values())), return_dtype=pl.String)),
+}
+
+
+def _stage(made: str) -> tuple[pl.Expr, ...]:
+    """The expressions of the columns made at ``made``, in the columns' order."""
+    return tuple(AGGREGATES[spec.name].alias(spec.name) for spec in COLUMNS if spec.made == made)
+
+
+TRAIN_AGGREGATES = _stage("train")  # over a cell's train steps
+EVAL_AGGREGATES = _stage("eval")  # over its eval records
+RUN_EXPRESSIONS = _stage("run")  # over a run's row of aggregates
+ROW_EXPRESSIONS = _stage("row")  # over a row, its seeds folded in
 
 
 def _diff_text(record) -> str:
@@ -325,13 +295,13 @@ def grid_frames(grid_dir: Path, cells: list[Path] | None = None, level: float = 
     evals = records.filter(pl.col("kind") == "eval").group_by("cell").agg(EVAL_AGGREGATES)
     runs = (cell_info.join(train, on="cell", how="left", maintain_order="left")
             .join(evals, on="cell", how="left", maintain_order="left")
-            .with_columns(COLLAPSE, PER_GPU_HOUR)).collect()
+            .with_columns(RUN_EXPRESSIONS)).collect()
     rows = intervals.decide(intervals.fold(runs.to_dicts(), estimates), level)
     compared = sum(1 for row in rows if row["cell"] != BASE_CELL and row["delta_vs_base_pct"] is not None)
     heading = grid_heading(views, infos) + f" · {level:.0%} intervals" + (
         f"; Δ vs base: {level:.0%} for its {compared} comparisons at once" if compared > 1 else "")
     folded = pl.DataFrame([{name: row.get(name) for name in ROW_SCHEMA} for row in rows], schema=ROW_SCHEMA,
-                          orient="row").with_columns(BOTTLENECK)
+                          orient="row").with_columns(ROW_EXPRESSIONS)
     return GridFrames(grid=grid_dir.name, cells=folded.lazy(), runs=runs.lazy(), steps=records,
                       heading=heading, diffs=diffs, level=level)
 
@@ -353,7 +323,7 @@ def collect_report(frames: GridFrames, tables: Mapping[str, ReportTable], *, rep
             from None
     return GridReport(grid=frames.grid, heading=frames.heading, tables=dict(zip(tables, collected)),
                       shown=tuple(tables) if shown is None else shown, steps=steps, diffs=frames.diffs,
-                      report_dir=report_dir)
+                      report_dir=report_dir, columns=columns_of(tables))
 
 
 def interval_level(level) -> float:
