@@ -1,68 +1,115 @@
-"""Which cluster a sweep runs on, and what the cluster plugins share.
+"""Which cluster a sweep runs on, and the SLURM executor's questions answered for it.
 
-A cluster plugin is a module with a ``CLUSTER`` :class:`ClusterProfile`, hook
-implementations for its rules, and a ``job_pieces(cell, environ, cell_dir)`` function that returns
-the :class:`JobPieces` a job script for that cluster is assembled from.
+A cluster plugin registers a :class:`Cluster` through the ``sweep_register_clusters``
+hook: its :class:`ClusterProfile` (name, hostname patterns, GPUs a node, walls, default
+partition, QOS limits, the cap on running cells) and its ``job_pieces(cell, environ,
+cell_dir)`` function, which returns the
+:class:`~sweepkit.run.executors.resources.JobResources` a job script for that cluster is
+assembled from. Its rules are its own hook implementations (``sweep_validate_cell``,
+``sweep_cell_env``, ...). A module that defines a profile or a ``job_pieces`` function but
+registers no cluster is not a cluster.
 
 Every cluster plugin is registered, but only the active cluster's stays registered: at
-``sweep_configure`` this plugin unregisters the others, so their rules never fire and
-``sweep plugins`` lists only the active cluster. The active cluster is, in order:
+``sweep_configure`` this plugin asks each plugin for its clusters (so it knows whose they
+are), picks the active one and unregisters the other clusters' plugins, so their rules
+never fire and ``sweep plugins`` lists only the active cluster. The active cluster is, in
+order:
 
 1. ``--cluster NAME`` (``--cluster none``: no cluster, whatever the environment says);
 2. ``$SWEEP_CLUSTER``;
-3. the first cluster whose hostname patterns match this host (fnmatch), e.g. Leonardo's
-   ``login*.leonardo.local`` / ``lrdn*`` or Jupiter's ``jpbo-*``: examples, kept in each
-   plugin's profile; set ``SWEEP_CLUSTER`` where they do not fit.
+3. the first registered cluster whose hostname patterns match this host (fnmatch), e.g.
+   Leonardo's ``login*.leonardo.local`` / ``lrdn*`` or Jupiter's ``jpbo-*``: examples, kept
+   in each plugin's profile; set ``SWEEP_CLUSTER`` where they do not fit.
 
 When a cluster is active, cells run as SLURM jobs (``sweep_choose_executor`` answers
-``slurm``, also for ``--dry-run`` on a machine without ``sbatch``), and this plugin answers
-the SLURM executor's questions for it: ``sweep_job_resources`` with the active cluster's
-``job_pieces``, ``sweep_job_concurrency_cap`` with its ``max_running``, and
-``sweep_job_sbatch_options`` with the CPUs that go with the GPUs.
+``slurm``, also for ``--dry-run`` on a machine without ``sbatch``; the core itself only
+answers ``$SWEEP_SLURM=1``), and this plugin answers the SLURM executor's questions for it:
+``sweep_job_resources`` with the active cluster's ``job_pieces``,
+``sweep_job_concurrency_cap`` with its ``max_running``, and ``sweep_job_sbatch_options``
+with the CPUs that go with the GPUs.
 
 The launch keys every cluster reads (node count, the GPU budget, a container and a venv)
-are registered here, once, so a grid that sets them loads whatever cluster is active.
+are registered here, once, so a grid that sets them loads whatever cluster is active. What
+a job's pieces are made of is :mod:`sweepkit_plugins.cluster_pieces`, the checks of an
+offline cluster :mod:`sweepkit_plugins.cluster_offline`; their helpers are re-exported here
+for the plugins written against this module (``clusters.cell_nodes`` and the like).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
-import math
 import os
-import shlex
 import socket
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import attrs
 
 from sweepkit.errors import UsageError
 from sweepkit.hookspec import hookimpl
-from sweepkit.run.launch import parse_time_limit
+from sweepkit.run.executors.resources import JobResources
 from sweepkit.state.records import cell_dir as cell_dir_of
-from sweepkit_plugins.skyrl_schema import MOVED_ENGINE_PATHS  # both SkyRL layouts' engine paths
+from sweepkit_plugins.cluster_offline import offline_problems  # noqa: F401 (re-exported)
+from sweepkit_plugins.cluster_pieces import (  # noqa: F401 (re-exported: what cluster plugins build with)
+    LAUNCH_KEYS,
+    NODE_LOCAL,
+    Container,
+    cell_nodes,
+    code_env,
+    code_roots,
+    container_of,
+    derived_nodes,
+    filesystems,
+    gpu_budget,
+    gpus_per_node,
+    job_gpus_per_node,
+    job_time_limit,
+    make_dirs_line,
+    module_root,
+    node_count_errors,
+    node_local,
+    python_of,
+    setting,
+    target_default,
+    time_limit_errors,
+    venv_of,
+)
 
 CLUSTER_ENV = "SWEEP_CLUSTER"
 NO_CLUSTER = "none"
 OPTION_COMMANDS = ("list", "run", "status", "report", "plugins")
 STASH_KEY = "clusters.active"
+REGISTRY_KEY = "clusters.registered"
 
 
 def _tuple(value) -> tuple:
     return tuple(value)
 
 
+# -- the values a cluster plugin registers ---------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class QosLimit:
+    """A QOS whose limits are tighter than the cluster's: its longest wall, its most nodes."""
+
+    name: str
+    max_time: str
+    max_nodes: Optional[int] = None
+
+
 @attrs.frozen(kw_only=True)
 class ClusterProfile:
     """The facts about a cluster that its rules and its job scripts depend on.
 
+    ``hostname_patterns``: fnmatch patterns of the hosts the cluster is detected on;
     ``max_running``: how many cells may run on the cluster at once (None: no cap);
     ``max_time_limit``: the longest wall a job gets (longer cells chain with
     ``max_restarts``); ``default_time_limit``: the wall of a cell that sets none;
     ``cpus_per_gpu``: CPU cores a job gets per GPU it asks for (None: SLURM's default,
-    which is one core per task: too few for a trainer and its rollout engines).
+    which is one core per task: too few for a trainer and its rollout engines);
+    ``partition``: the partition of a job that names none (None: the account's default);
+    ``qos_limits``: the QOS whose limits are tighter than ``max_time_limit`` (a debug QOS).
     """
 
     name: str
@@ -73,39 +120,69 @@ class ClusterProfile:
     max_time_limit: str
     default_time_limit: str
     cpus_per_gpu: Optional[int] = None
+    partition: Optional[str] = None
+    qos_limits: tuple[QosLimit, ...] = attrs.field(default=(), converter=_tuple)
     doc: str = ""
 
 
+#: The name plugins written before the SLURM executor had its own value (docs/clusters.md's
+#: example) build their pieces with: that value itself, so what they return is what it reads.
+JobPieces = JobResources
+
+
+#: ``job_pieces(cell, environ, cell_dir)``: ``environ`` is the driver's environment,
+#: ``cell_dir`` the cell's directory (None where there is none yet).
+JobPiecesFunction = Callable[[Any, Mapping[str, str], Any], JobResources]
+
+
 @attrs.frozen(kw_only=True)
-class JobPieces:
-    """What a job script of one cell is assembled from (the SLURM executor renders it).
+class Cluster:
+    """A cluster as its plugin registers it through ``sweep_register_clusters``: its
+    profile (its name and how it is detected among the facts) and the function that makes
+    a cell's :class:`~sweepkit.run.executors.resources.JobResources`."""
 
-    ``preamble``: shell lines run before anything else (module loads);
-    ``env``: variables to export; ``argv_prefix``: the container wrapper the cell's command
-    runs inside (empty: none); ``python``: the interpreter that replaces ``{python}`` in
-    the target's argv (None: keep sweepkit's); ``ray_bringup``: a bash fragment that starts
-    a Ray cluster over the job's nodes (None for a one-node cell);
-    ``shared_filesystems``: the directories every compute node sees (the interpreter
-    ``srun`` starts for submitit, the driver's own, must live under one);
-    ``node_local_filesystems``: those each node has its own of (``/tmp``): an interpreter
-    there is refused. The SLURM executor checks both before it submits
-    (:func:`sweepkit.run.executors.slurm.interpreter_problem`).
+    profile: ClusterProfile = attrs.field(validator=attrs.validators.instance_of(ClusterProfile))
+    job_pieces: JobPiecesFunction = attrs.field(validator=attrs.validators.is_callable())
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+
+@attrs.frozen(kw_only=True)
+class Registration:
+    """A registered cluster, and the plugin that registered it: the plugin whose rules apply
+    while the cluster is active, and that is unregistered while another one is."""
+
+    cluster: Cluster
+    plugin: Any
+    plugin_name: str
+
+
+def registered_clusters(pm) -> dict[str, Registration]:
+    """The clusters the plugins register through ``sweep_register_clusters``, by name, in
+    registration order.
+
+    Each plugin's implementation is called on its own, with a ``register`` that knows the
+    plugin: one historic call would hand every plugin the same ``register``, and a cluster
+    could not be told from another's rules. A value that is not a :class:`Cluster`, and a
+    name registered twice, are usage errors naming the plugins.
     """
+    found: dict[str, Registration] = {}
+    for impl in pm.hook.sweep_register_clusters.get_hookimpls():
+        plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
 
-    cluster: str
-    nodes: int
-    gpus_per_node: int
-    time_limit: str
-    account: Optional[str] = None
-    partition: Optional[str] = None
-    qos: Optional[str] = None
-    preamble: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
-    env: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
-    argv_prefix: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
-    python: Optional[str] = None
-    ray_bringup: Optional[str] = None
-    shared_filesystems: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
-    node_local_filesystems: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+        def register(cluster, *, plugin=impl.plugin, plugin_name=plugin_name) -> None:
+            if not isinstance(cluster, Cluster):
+                raise UsageError(f"plugin {plugin_name}: sweep_register_clusters registered {cluster!r}, "
+                                 "not a sweepkit_plugins.clusters.Cluster")
+            if cluster.name in found:
+                raise UsageError(f"cluster {cluster.name!r} is registered twice: by plugin "
+                                 f"{found[cluster.name].plugin_name} and by plugin {plugin_name}")
+            found[cluster.name] = Registration(cluster=cluster, plugin=plugin, plugin_name=plugin_name)
+
+        impl.function(*[{"register": register}[name] for name in impl.argnames])
+    return found
 
 
 # -- selection ------------------------------------------------------------------------
@@ -118,15 +195,9 @@ def sweep_addoption(parser):
                           f"detected from the hostname; '{NO_CLUSTER}' for no cluster)")
 
 
-def cluster_plugins(pm) -> dict[str, Any]:
-    """The registered cluster plugins by cluster name."""
-    return {profile.name: plugin for plugin in pm.get_plugins()
-            if isinstance(profile := getattr(plugin, "CLUSTER", None), ClusterProfile)}
-
-
 def select_cluster(requested: str | None, profiles: list[ClusterProfile],
                    environ: Mapping[str, str], hostname: str) -> str | None:
-    """The active cluster's name, or None; UsageError for a name no plugin knows."""
+    """The active cluster's name, or None; UsageError for a name no plugin registers."""
     names = [profile.name for profile in profiles]
     for source, value in (("--cluster", requested), (f"${CLUSTER_ENV}", environ.get(CLUSTER_ENV))):
         if value:
@@ -135,7 +206,8 @@ def select_cluster(requested: str | None, profiles: list[ClusterProfile],
             if value not in names:
                 known = ", ".join(sorted(names)) or "none are loaded"
                 raise UsageError(f"{source} {value}: no cluster plugin of that name "
-                                 f"(known clusters: {known}; load one with -p MODULE)")
+                                 f"(known clusters: {known}; load one with -p MODULE, whose "
+                                 "sweep_register_clusters registers it)")
             return value
     for profile in profiles:
         if any(fnmatch.fnmatch(hostname, pattern) for pattern in profile.hostname_patterns):
@@ -147,32 +219,42 @@ def _hostname() -> str:
     return socket.getfqdn()
 
 
+def clusters_of(session) -> dict[str, Registration]:
+    """The registered clusters; asked once per session, before the inactive ones' plugins
+    are unregistered."""
+    if REGISTRY_KEY not in session.stash:
+        session.stash[REGISTRY_KEY] = registered_clusters(session.pm)
+    return session.stash[REGISTRY_KEY]
+
+
 def active_cluster(session) -> str | None:
     """The active cluster's name; decided once per session (the hostname lookup can be slow)."""
     if STASH_KEY not in session.stash:
-        plugins = cluster_plugins(session.pm)
+        profiles = [registration.cluster.profile for registration in clusters_of(session).values()]
         session.stash[STASH_KEY] = select_cluster(
-            getattr(session.options, "cluster", None), [plugin.CLUSTER for plugin in plugins.values()],
-            os.environ, _hostname())
+            getattr(session.options, "cluster", None), profiles, os.environ, _hostname())
     return session.stash[STASH_KEY]
 
 
-def active_plugin(session):
+def active_registration(session) -> Registration | None:
     name = active_cluster(session)
-    return cluster_plugins(session.pm)[name] if name else None
+    return clusters_of(session)[name] if name else None
 
 
 def active_profile(session) -> ClusterProfile | None:
-    plugin = active_plugin(session)
-    return plugin.CLUSTER if plugin else None
+    registration = active_registration(session)
+    return registration.cluster.profile if registration else None
 
 
 @hookimpl
 def sweep_configure(session):
-    active = active_cluster(session)
-    for name, plugin in cluster_plugins(session.pm).items():
-        if name != active:
-            session.pm.unregister(plugin)
+    active = active_registration(session)
+    for registration in clusters_of(session).values():
+        # A plugin may register several clusters: it stays if one of them is active.
+        if active is not None and registration.plugin is active.plugin:
+            continue
+        if session.pm.is_registered(registration.plugin):
+            session.pm.unregister(registration.plugin)
 
 
 # -- what the SLURM executor asks -------------------------------------------------------
@@ -204,15 +286,13 @@ def sweep_job_concurrency_cap(session):
     return concurrency_cap(session)
 
 
-def job_pieces(cell, session) -> JobPieces | None:
-    """The active cluster's pieces of ``cell``'s job script (None: no cluster active).
-
-    Calls the cluster plugin's ``job_pieces(cell, environ, cell_dir)``.
-    """
-    plugin = active_plugin(session)
-    if plugin is None:
+def job_pieces(cell, session) -> JobResources | None:
+    """The active cluster's pieces of ``cell``'s job script (None: no cluster active), from
+    its registered ``job_pieces(cell, environ, cell_dir)``."""
+    registration = active_registration(session)
+    if registration is None:
         return None
-    return plugin.job_pieces(cell, os.environ, cell_dir_of(session.runs_dir, cell))
+    return registration.cluster.job_pieces(cell, os.environ, cell_dir_of(session.runs_dir, cell))
 
 
 @hookimpl
@@ -230,362 +310,7 @@ def sweep_job_sbatch_options(cell, session):
     return {"cpus-per-task": str(profile.cpus_per_gpu * gpus)} if gpus else {}
 
 
-# -- node count from the GPU budget ---------------------------------------------------------
-
-LAUNCH_KEYS = (
-    ("num_nodes", Optional[int], None,
-     "nodes of the cell's job (None: derived from the GPU budget); a value that disagrees "
-     "with the budget is an error"),
-    ("gpus_per_node", Optional[int], None, "GPUs a node has (None: the cluster's)"),
-    ("policy_num_gpus", Optional[int], None,
-     "GPUs of the policy (FSDP) workers (None: the target's num_gpus, else gpus)"),
-    ("ref_num_gpus", int, 0, "GPUs of a reference/teacher model not colocated with the policy"),
-    ("teacher_num_gpus", int, 0,
-     "GPUs of a separately served OPD teacher (e.g. a 32B teacher at TP2 on its own node); "
-     "never colocated, so added to the budget even under colocate_all"),
-    ("model_params_b", Optional[float], None,
-     "model size in billions of parameters (None: parsed from the model name, e.g. '32B')"),
-    ("container", Optional[str], None, "container image or sandbox dir the cell runs in (None: $SWEEP_CONTAINER)"),
-    ("venv", Optional[str], None, "venv whose bin/python runs the cell (None: $SWEEP_VENV)"),
-)
-
-
 @hookimpl
 def sweep_register_keys(register):
     for name, tp, default, doc in LAUNCH_KEYS:
         register(name, tp, default, doc)
-
-
-def setting(cell, *names: str, default=None):
-    """The first of ``names`` the cell's config sets (flat trainer name or a Hydra path)."""
-    for name in names:
-        if cell.config.get(name) is not None:
-            return cell.config[name]
-    return default
-
-
-def target_default(cell, key: str, default=None):
-    """The default the cell's target declares for ``key`` in its schema, else ``default``."""
-    schema = cell.target.schema or {}
-    return schema[key]["default"] if key in schema else default
-
-
-def gpu_budget(cell) -> int:
-    """GPUs the cell's layout occupies: policy + reference + inference engines x TP, plus
-    a separately served teacher. Engines and TP are read from the flat names or from
-    either SkyRL layout's dotted paths.
-
-    With ``colocate_all`` everything but the teacher shares the policy's GPUs, so the
-    budget is the largest of those three (plus the teacher's) instead of their sum. A
-    cell that does not set it gets its target's default (the built-in trainer colocates:
-    its ``num_gpus`` processes each run their own engine).
-    """
-    launch = cell.launch()
-    policy = launch.get("policy_num_gpus")
-    if policy is None:
-        policy = setting(cell, "num_gpus", default=launch.get("gpus") or 0)
-    engines = setting(cell, "num_inference_engines", *MOVED_ENGINE_PATHS["num_inference_engines"], default=0)
-    tp = setting(cell, "inference_tp", *MOVED_ENGINE_PATHS["inference_tp"], default=1)
-    ref = launch.get("ref_num_gpus") or 0
-    teacher = int(launch.get("teacher_num_gpus") or 0)
-    inference = int(engines) * int(tp)
-    if setting(cell, "colocate_all", "trainer.placement.colocate_all",
-               default=target_default(cell, "colocate_all", False)):
-        return max(int(policy), int(ref), inference) + teacher
-    return int(policy) + int(ref) + inference + teacher
-
-
-def gpus_per_node(cell, profile: ClusterProfile) -> int:
-    return cell.launch().get("gpus_per_node") or profile.gpus_per_node
-
-
-def derived_nodes(cell, profile: ClusterProfile) -> int:
-    return max(1, math.ceil(gpu_budget(cell) / gpus_per_node(cell, profile)))
-
-
-def job_gpus_per_node(cell, profile: ClusterProfile) -> int:
-    """GPUs to ask of each node: all of them for a multi-node cell, else what the cell's
-    budget (or its ``gpus``) needs, so a one-GPU cell does not hold a whole node."""
-    per_node = gpus_per_node(cell, profile)
-    if cell_nodes(cell, profile) > 1:
-        return per_node
-    return min(per_node, max(gpu_budget(cell), int(cell.launch().get("gpus") or 0)))
-
-
-def cell_nodes(cell, profile: ClusterProfile | None) -> int:
-    """Nodes the cell's job gets: the explicit ``num_nodes``, else derived from the budget."""
-    explicit = cell.launch().get("num_nodes")
-    if explicit is not None:
-        return int(explicit)
-    return derived_nodes(cell, profile) if profile else 1
-
-
-def node_count_errors(cell, profile: ClusterProfile) -> list[str]:
-    explicit = cell.launch().get("num_nodes")
-    if explicit is None:
-        return []
-    budget, per_node = gpu_budget(cell), gpus_per_node(cell, profile)
-    derived = derived_nodes(cell, profile)
-    if explicit == derived:
-        return []
-    return [f"num_nodes={explicit} disagrees with the GPU budget: {budget} GPUs (policy + "
-            f"reference + inference engines x TP) / {per_node} per node on {profile.name} = "
-            f"{derived} node(s); set num_nodes={derived} or leave it unset to derive it "
-            "(a job with too few nodes fails within minutes with no clear error)"]
-
-
-# -- wall time -----------------------------------------------------------------------------
-
-
-def time_limit_errors(cell, cap: str, where: str) -> list[str]:
-    """A cell's wall over the cap: the message gives the chained form that fits."""
-    value = cell.launch().get("time_limit")
-    if value is None:
-        return []
-    try:
-        seconds = parse_time_limit(value)
-    except ValueError:
-        return []  # the core's validation reports the malformed value
-    cap_s = parse_time_limit(cap)
-    if seconds <= cap_s:
-        return []
-    links = math.ceil(seconds / cap_s)
-    restarts = max(links - 1, cell.launch().get("max_restarts") or 0)
-    return [f"time_limit={value!r} exceeds {where}'s wall of {cap}; set time_limit={cap!r} "
-            f"and max_restarts={restarts} so the run continues from its latest checkpoint "
-            f"in {links} chained jobs (a TIMEOUT of a link is normal)"]
-
-
-def job_time_limit(cell, profile: ClusterProfile) -> str:
-    value = cell.launch().get("time_limit")
-    if value is None:
-        return profile.default_time_limit
-    seconds = parse_time_limit(value)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
-
-
-# -- container ----------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class Container:
-    """``singularity exec`` (or ``apptainer exec``) of an image or sandbox dir, with a
-    venv's python inside it; ``env`` is set inside with ``--env NAME=VALUE``."""
-
-    image: str
-    venv: Optional[str] = None
-    binds: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
-    pwd: Optional[str] = None
-    binary: str = "singularity"
-    no_home: bool = True
-    env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_tuple)
-
-    def argv_prefix(self) -> list[str]:
-        argv = [self.binary, "exec", "--nv"] + (["--no-home"] if self.no_home else [])
-        if self.binds:
-            argv += ["--bind", ",".join(self.binds)]
-        if self.pwd:
-            argv += ["--pwd", self.pwd]
-        for name, value in self.env:
-            argv += ["--env", f"{name}={value}"]
-        return argv + [self.image]
-
-    def venv_bin(self, name: str) -> str:
-        return f"{self.venv}/bin/{name}" if self.venv else name
-
-
-#: Directory names of installed packages: a module imported from one of these is not a
-#: source tree to bind and put on PYTHONPATH (that would shadow the venv's own packages).
-_INSTALLED_DIRS = ("site-packages", "dist-packages")
-
-
-def module_root(argv) -> str | None:
-    """The source tree the driver imports a ``python -m MODULE`` target's top package from
-    (the project checkout for the built-in ``-m trainer``), or None: no ``-m``, a module the
-    driver cannot find (it lives only in the cell's venv, as SkyRL's does) or one installed
-    in site-packages. Found with ``importlib.util.find_spec``, which does not import it."""
-    argv = list(argv)
-    if "-m" not in argv[:-1]:
-        return None
-    top = argv[argv.index("-m") + 1].split(".", 1)[0]
-    if not top or top.startswith("{"):
-        return None
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:
-        location = Path(list(spec.submodule_search_locations)[0])
-    elif spec.origin and spec.origin not in ("built-in", "frozen"):
-        location = Path(spec.origin)
-    else:
-        return None
-    root = location.resolve().parent
-    if root.name in _INSTALLED_DIRS:
-        return None
-    return str(root)
-
-
-def code_roots(cell) -> tuple[str | None, str | None]:
-    """(the project root, the source tree of a ``-m`` target's module) of ``cell``: what
-    its command reads besides its cell dir, so what a container must see."""
-    root = cell.target.places.get("root")
-    return (str(root) if root else None), module_root(cell.target.argv)
-
-
-def _covered(path: str, roots) -> bool:
-    return any(Path(path).is_relative_to(root) for root in roots if root)
-
-
-def container_of(cell, environ: Mapping[str, str], *, cell_dir=None, default_binds=(),
-                 binary: str = "singularity", no_home: bool = True) -> Container | None:
-    """The cell's container: launch key ``container``, else ``$SWEEP_CONTAINER``.
-
-    ``$SWEEP_CONTAINER_BINDS`` (comma-separated) replaces ``default_binds``;
-    ``$SWEEP_CONTAINER_PWD`` replaces the cell dir as the working dir inside;
-    ``$SWEEP_SINGULARITY`` replaces ``binary``.
-
-    The project root and the source tree of a ``-m MODULE`` target (:func:`code_roots`) are
-    bound too, unless a bind covers them already, and that source tree is the
-    ``PYTHONPATH`` inside: the working dir is the cell dir, and the container's venv has
-    no sweepkit installed, so ``python -m trainer`` would not find the trainer otherwise.
-    """
-    launch = cell.launch()
-    image = launch.get("container") or environ.get("SWEEP_CONTAINER")
-    if not image:
-        return None
-    binds = environ.get("SWEEP_CONTAINER_BINDS")
-    bind_list = [b for b in binds.split(",") if b] if binds else [b for b in default_binds if b]
-    project, module = code_roots(cell)
-    for path in (project, module):
-        if path and not _covered(path, bind_list):
-            bind_list.append(path)
-    pwd = environ.get("SWEEP_CONTAINER_PWD") or (str(cell_dir) if cell_dir is not None else None)
-    return Container(image=image, venv=venv_of(cell, environ), binds=bind_list, pwd=pwd,
-                     binary=environ.get("SWEEP_SINGULARITY") or binary, no_home=no_home,
-                     env=[("PYTHONPATH", module)] if module else [])
-
-
-def venv_of(cell, environ: Mapping[str, str]) -> str | None:
-    return cell.launch().get("venv") or environ.get("SWEEP_VENV") or None
-
-
-def python_of(cell, environ: Mapping[str, str], container: Container | None) -> str | None:
-    """The interpreter that runs the cell: the venv's python (None: keep sweepkit's)."""
-    venv = container.venv if container else venv_of(cell, environ)
-    return f"{venv}/bin/python" if venv else None
-
-
-def code_env(cell, environ: Mapping[str, str], container: Container | None) -> dict[str, str]:
-    """``PYTHONPATH`` for a cell whose venv's python runs a ``-m`` target outside a
-    container (inside one, :class:`Container` sets it): that venv has no sweepkit
-    installed either."""
-    module = code_roots(cell)[1]
-    if container is not None or module is None or python_of(cell, environ, None) is None:
-        return {}
-    return {"PYTHONPATH": module}
-
-
-def filesystems(environ: Mapping[str, str], names, fixed=()) -> tuple[str, ...]:
-    """The values of the variables ``names`` that are set, then the ``fixed`` paths."""
-    return tuple(dict.fromkeys([environ[name] for name in names if environ.get(name)] + list(fixed)))
-
-
-#: Directories every node has its own of: nothing there is seen by another node.
-NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm", "/run")
-
-
-def node_local(environ: Mapping[str, str]) -> tuple[str, ...]:
-    return filesystems(environ, ("TMPDIR",), NODE_LOCAL)
-
-
-def make_dirs_line(*paths: str) -> str:
-    """A preamble line creating ``paths`` (quoted) before anything writes there."""
-    return "mkdir -p " + " ".join(shlex.quote(path) for path in paths)
-
-
-# -- offline compute nodes ----------------------------------------------------------------
-
-#: Values of the trainer's path keys that are built locally, never downloaded
-#: (``trainer/models.py``, ``trainer/data.py``).
-LOCAL_NAMES = ("tiny-random", "synthetic")
-LOCAL_PREFIXES = ("random:",)
-WARNED_KEY = "clusters.warned"
-
-
-def hub_names(cell) -> list[tuple[str, str]]:
-    """``(key, value)`` of the cell's path keys (the target's schema marks them) whose value
-    is a hub name: not a path (collection made every existing relative one absolute), not
-    one of the names the trainer builds locally."""
-    schema = cell.target.schema or {}
-    found = []
-    for key, spec in schema.items():
-        value = cell.config.get(key)
-        if not spec.get("path") or not isinstance(value, str) or not value:
-            continue
-        if os.path.isabs(value) or value.startswith((".", "~", "$")) or value in LOCAL_NAMES \
-                or value.startswith(LOCAL_PREFIXES):
-            continue
-        found.append((key, value))
-    return found
-
-
-def in_hub_cache(cache: str, value: str) -> bool:
-    """Whether ``huggingface_hub``'s cache dir ``cache`` holds a snapshot of repo ``value``
-    (``models--org--name`` or ``datasets--org--name``, as ``hf download`` leaves it)."""
-    name = value.replace("/", "--")
-    return any(any((Path(cache) / f"{kind}--{name}" / "snapshots").glob("*"))
-               for kind in ("models", "datasets") if (Path(cache) / f"{kind}--{name}" / "snapshots").is_dir())
-
-
-def warn(session, cell, key: str, message: str) -> None:
-    """Print a warning once per message (the message names the key and value, so every
-    cell with that value shares it), with where the first such cell set the key."""
-    warned = session.stash.setdefault(WARNED_KEY, set())
-    if message in warned:
-        return
-    warned.add(message)
-    file, line = cell.location_of(key)
-    session.err_console.print(f"warning: {file}:{line}: {cell.name}: {message}", markup=False, highlight=False)
-
-
-def submits(session) -> bool:
-    """Whether this command submits (``sweep run`` without ``--dry-run``): what a job would
-    only find out on a compute node is an error then, and a warning in a preview."""
-    options = session.options
-    return getattr(options, "command", None) == "run" and not getattr(options, "dry_run", False)
-
-
-def offline_problems(cell, session, *, hub_cache: str, venv: str | None, cluster: str) -> list[str]:
-    """What fails on a cluster whose jobs run offline (``HF_HUB_OFFLINE=1``, no internet).
-
-    - A hub name (``model="Qwen/Qwen2.5-1.5B-Instruct"``, ``dataset="gsm8k"``) with no
-      snapshot in the pre-staged cache ``hub_cache``: the job would fail at its first line,
-      after its wait in the queue. An error when submitting; in a dry run (or ``list``),
-      which is often typed where the cache is not, a warning.
-    - ``backend="vllm"``: a warning, always. sweepkit cannot see into the cell's venv; the
-      trainer's vLLM engine needs vllm installed there.
-    """
-    errors = []
-    for key, value in hub_names(cell):
-        if in_hub_cache(hub_cache, value):
-            continue
-        message = (f"{key}: {value!r} is a hub name, and {cluster}'s jobs run offline (HF_HUB_OFFLINE=1, "
-                   f"no internet on compute nodes) with no snapshot of it in the hub cache {hub_cache}; "
-                   f"pre-stage it on the login node (HF_HUB_CACHE={hub_cache} hf download {value}"
-                   + (" --repo-type dataset" if key == "dataset" else "")
-                   + f") or set {key} to a local path")
-        if submits(session):
-            errors.append(message)
-        else:
-            warn(session, cell, key, message + " (an error when submitting)")
-    if cell.config.get("backend") == "vllm":
-        warn(session, cell, "backend",
-             f"backend: 'vllm' needs vllm installed in the cell's venv ({venv or 'none set: $SWEEP_VENV'}); "
-             "sweepkit cannot check inside the container, and the trainer's vLLM engine has not been run on any "
-             "tested machine; a venv without vllm fails at the first rollout (for the seeds' Leonardo venv: "
-             "uv sync --extra vllm); backend='static' runs the trainer's own engine")
-    return errors

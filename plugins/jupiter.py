@@ -19,8 +19,10 @@ Rules, each refused before anything is submitted:
 
 At most 6 cells run on the cluster at once (``CLUSTER.max_running``, read by the SLURM
 executor through :func:`sweepkit_plugins.clusters.concurrency_cap`): a job array of
-equal cells carries ``%6``. Everything person-specific comes from the environment; the
-values in the docs are examples:
+equal cells carries ``%6``. The cluster (:data:`CLUSTER`, :func:`job_pieces`) is
+registered through ``sweep_register_clusters``.
+
+Everything person-specific comes from the environment; the values in the docs are examples:
 
 =========================  ===============================================================
 ``SWEEP_ACCOUNT``          SLURM account, e.g. ``reformo``
@@ -43,7 +45,8 @@ from collections.abc import Mapping
 from typing import Optional
 
 from sweepkit.hookspec import hookimpl
-from sweepkit_plugins import clusters, ray_cluster
+from sweepkit.run.executors.resources import JobResources
+from sweepkit_plugins import cluster_pieces, clusters, ray_cluster
 
 CLUSTER = clusters.ClusterProfile(
     name="jupiter",
@@ -119,27 +122,27 @@ def data_parallel_errors(cell) -> list[str]:
 
 @hookimpl
 def sweep_validate_cell(cell, session):
-    return (clusters.node_count_errors(cell, CLUSTER)
-            + clusters.time_limit_errors(cell, CLUSTER.max_time_limit, "Jupiter's booster QOS")
+    return (cluster_pieces.node_count_errors(cell, CLUSTER)
+            + cluster_pieces.time_limit_errors(cell, CLUSTER.max_time_limit, "Jupiter's booster QOS")
             + moe_errors(cell) + data_parallel_errors(cell))
 
 
 # -- the job script ----------------------------------------------------------------------------
 
 
-def container_of(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.Container | None:
+def container_of(cell, environ: Mapping[str, str], cell_dir=None) -> cluster_pieces.Container | None:
     """A SIF image (the MoE / Megatron arms) run with apptainer; ``$SWEEP_CONTAINER_BINDS``
     names what it sees (default: ``$WORK`` and ``$SCRATCH``)."""
-    return clusters.container_of(cell, environ, cell_dir=cell_dir, binary="apptainer", no_home=False,
+    return cluster_pieces.container_of(cell, environ, cell_dir=cell_dir, binary="apptainer", no_home=False,
                                  default_binds=[environ.get(name, "") for name in ("WORK", "SCRATCH")])
 
 
-def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobPieces:
-    nodes = clusters.cell_nodes(cell, CLUSTER)
-    per_node = clusters.job_gpus_per_node(cell, CLUSTER)
+def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> JobResources:
+    nodes = cluster_pieces.cell_nodes(cell, CLUSTER)
+    per_node = cluster_pieces.job_gpus_per_node(cell, CLUSTER)
     launch = cell.launch()
     container = container_of(cell, environ, cell_dir)
-    venv = clusters.venv_of(cell, environ)
+    venv = cluster_pieces.venv_of(cell, environ)
     env = {"RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     bringup = None
     if nodes > 1:
@@ -147,30 +150,30 @@ def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobP
         tool = (lambda name: f"{venv}/bin/{name}") if venv else (lambda name: name)
         bringup = ray_cluster.render_bringup(ray_cluster.bringup_for(
             cell, environ, prefix=prefix, ray=tool("ray"), python=tool("python"), num_gpus=per_node))
-    return clusters.JobPieces(
+    return JobResources(
         cluster=CLUSTER.name, nodes=nodes, gpus_per_node=per_node,
-        time_limit=clusters.job_time_limit(cell, CLUSTER),
+        time_limit=cluster_pieces.job_time_limit(cell, CLUSTER),
         account=launch.get("account") or environ.get("SWEEP_ACCOUNT"),
-        partition=launch.get("partition") or environ.get("SWEEP_PARTITION"),
+        partition=launch.get("partition") or environ.get("SWEEP_PARTITION") or CLUSTER.partition,
         qos=launch.get("qos") or environ.get("SWEEP_QOS") or None,
         env=env,
         argv_prefix=container.argv_prefix() if container else (),
-        python=clusters.python_of(cell, environ, container),
+        python=cluster_pieces.python_of(cell, environ, container),
         ray_bringup=bringup,
         shared_filesystems=shared_filesystems(environ),
-        node_local_filesystems=clusters.node_local(environ),
+        node_local_filesystems=cluster_pieces.node_local(environ),
     )
 
 
 def shared_filesystems(environ: Mapping[str, str]) -> tuple[str, ...]:
     """What every Jupiter node sees: ``$WORK``, ``$SCRATCH``, ``$HOME``, ``$PROJECT`` and
     the ``/e`` (scratch, data) and ``/p`` (home, project) file systems."""
-    return clusters.filesystems(environ, ("WORK", "SCRATCH", "HOME", "PROJECT", "DATA"), ("/e", "/p"))
+    return cluster_pieces.filesystems(environ, ("WORK", "SCRATCH", "HOME", "PROJECT", "DATA"), ("/e", "/p"))
 
 
 @hookimpl
 def sweep_cell_env(cell, session):
-    return clusters.code_env(cell, os.environ, container_of(cell, os.environ))
+    return cluster_pieces.code_env(cell, os.environ, container_of(cell, os.environ))
 
 
 LAUNCH_KEYS = (
@@ -184,6 +187,11 @@ LAUNCH_KEYS = (
 def sweep_register_keys(register):
     for name, tp, default, doc in LAUNCH_KEYS:
         register(name, tp, default, doc)
+
+
+@hookimpl
+def sweep_register_clusters(register):
+    register(clusters.Cluster(profile=CLUSTER, job_pieces=job_pieces))
 
 
 @hookimpl

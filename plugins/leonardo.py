@@ -12,11 +12,15 @@ Rules, each refused before anything is submitted:
 - A100-64GB ceilings on one node: ``gpu_memory_utilization`` above 0.85 OOMs eval, and a
   dense model of 32B or more (a MoE of 30B or more) OOMs in backward / weight sync; both
   are accepted only on a cell marked ``xfail`` (a ceiling probe);
-- ``num_nodes`` must agree with the GPU budget (:mod:`sweepkit_plugins.clusters`);
+- ``num_nodes`` must agree with the GPU budget (:mod:`sweepkit_plugins.cluster_pieces`);
 - offline compute nodes: a hub-name ``model`` / ``dataset`` with no snapshot in the
   pre-staged hub cache (an error when submitting, a warning in a dry run), and
   ``backend="vllm"`` (a warning: vllm must be in the cell's venv)
-  (:func:`sweepkit_plugins.clusters.offline_problems`).
+  (:func:`sweepkit_plugins.cluster_offline.offline_problems`).
+
+The cluster (:data:`CLUSTER`, :func:`job_pieces`) is registered through
+``sweep_register_clusters``; :mod:`sweepkit_plugins.clusters` makes it the active one on
+its hosts, with ``--cluster leonardo`` or ``$SWEEP_CLUSTER``.
 
 The cell's environment is offline (models and data pre-staged on the login node) with
 HOME, caches and the Triton compiler pointed at writable places. Everything
@@ -43,12 +47,15 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
 
 import attrs
 
 from sweepkit.hookspec import hookimpl
-from sweepkit_plugins import ckpt_guard, clusters, ray_cluster
+from sweepkit.run.executors.resources import JobResources
+from sweepkit_plugins import ckpt_guard, cluster_offline, cluster_pieces, clusters, ray_cluster
+
+#: The debug QOS (``$SWEEP_DEBUG_QOS`` names it where it is called otherwise).
+DEBUG_QOS = clusters.QosLimit(name="boost_qos_dbg", max_time="00:30:00", max_nodes=2)
 
 CLUSTER = clusters.ClusterProfile(
     name="leonardo",
@@ -59,28 +66,21 @@ CLUSTER = clusters.ClusterProfile(
     max_time_limit="23:59:00",
     default_time_limit="23:59:00",
     cpus_per_gpu=8,
+    partition="boost_usr_prod",
+    qos_limits=(DEBUG_QOS,),
     doc="CINECA Leonardo booster: 4 x A100-64GB a node, no compute-node internet",
 )
 
-DEFAULT_PARTITION = "boost_usr_prod"
-DEFAULT_DEBUG_QOS = "boost_qos_dbg"
 MAX_GPU_MEMORY_UTILIZATION = 0.85
 DENSE_CEILING_B = 32.0
 MOE_CEILING_B = 30.0
 
 
-@attrs.frozen(kw_only=True)
-class QosLimit:
-    name: str
-    max_time: str
-    max_nodes: Optional[int] = None
-
-
-def qos_limit(qos: str | None, environ: Mapping[str, str]) -> QosLimit:
-    debug = environ.get("SWEEP_DEBUG_QOS") or DEFAULT_DEBUG_QOS
+def qos_limit(qos: str | None, environ: Mapping[str, str]) -> clusters.QosLimit:
+    debug = environ.get("SWEEP_DEBUG_QOS") or DEBUG_QOS.name
     if qos == debug:
-        return QosLimit(name=debug, max_time="00:30:00", max_nodes=2)
-    return QosLimit(name=qos or "normal", max_time=CLUSTER.max_time_limit)
+        return attrs.evolve(DEBUG_QOS, name=debug)
+    return clusters.QosLimit(name=qos or "normal", max_time=CLUSTER.max_time_limit)
 
 
 # -- model size -------------------------------------------------------------------------------
@@ -94,13 +94,13 @@ def model_size_b(cell) -> float | None:
     explicit = cell.launch().get("model_params_b")
     if explicit is not None:
         return float(explicit)
-    name = str(clusters.setting(cell, "model", "trainer.policy.model.path", default="") or "")
+    name = str(cluster_pieces.setting(cell, "model", "trainer.policy.model.path", default="") or "")
     match = _SIZE.search(name.rsplit("/", 1)[-1])
     return float(match[1]) if match else None
 
 
 def is_moe(cell) -> bool:
-    name = str(clusters.setting(cell, "model", "trainer.policy.model.path", default="") or "")
+    name = str(cluster_pieces.setting(cell, "model", "trainer.policy.model.path", default="") or "")
     return bool(cell.launch().get("num_experts")) or bool(_ACTIVE.search(name)) or "x7b" in name.lower()
 
 
@@ -140,8 +140,8 @@ def write_path_errors(cell, session, environ: Mapping[str, str]) -> list[str]:
 
 def qos_errors(cell, environ: Mapping[str, str]) -> list[str]:
     limit = qos_limit(job_qos(cell, environ), environ)
-    errors = clusters.time_limit_errors(cell, limit.max_time, f"QOS {limit.name}")
-    nodes = clusters.cell_nodes(cell, CLUSTER)
+    errors = cluster_pieces.time_limit_errors(cell, limit.max_time, f"QOS {limit.name}")
+    nodes = cluster_pieces.cell_nodes(cell, CLUSTER)
     if limit.max_nodes is not None and nodes > limit.max_nodes:
         errors.append(f"QOS {limit.name} allows at most {limit.max_nodes} nodes, the cell needs "
                       f"{nodes}; use qos=None (the normal QOS) for it")
@@ -152,13 +152,13 @@ def ceiling_errors(cell) -> list[str]:
     if cell.xfail is not None:
         return []  # a ceiling probe: its failure is the expected result
     errors = []
-    gmu = clusters.setting(cell, "gpu_memory_utilization", "generator.gpu_memory_utilization")
+    gmu = cluster_pieces.setting(cell, "gpu_memory_utilization", "generator.gpu_memory_utilization")
     if gmu is not None and float(gmu) > MAX_GPU_MEMORY_UTILIZATION:
         errors.append(f"gpu_memory_utilization={gmu} is over the A100-64GB ceiling of "
                       f"{MAX_GPU_MEMORY_UTILIZATION} (0.90 OOMs eval); lower it, or mark the cell "
                       "sk.mark.xfail(reason=...) to keep it as a ceiling probe")
     size = model_size_b(cell)
-    if size is not None and clusters.cell_nodes(cell, CLUSTER) == 1:
+    if size is not None and cluster_pieces.cell_nodes(cell, CLUSTER) == 1:
         moe = is_moe(cell)
         ceiling = MOE_CEILING_B if moe else DENSE_CEILING_B
         if size >= ceiling:
@@ -172,10 +172,11 @@ def ceiling_errors(cell) -> list[str]:
 @hookimpl
 def sweep_validate_cell(cell, session):
     environ = os.environ
-    offline = clusters.offline_problems(cell, session, hub_cache=offline_env(environ, in_container=False)
-                                        ["HF_HUB_CACHE"], venv=clusters.venv_of(cell, environ), cluster=CLUSTER.name)
+    offline = cluster_offline.offline_problems(
+        cell, session, hub_cache=offline_env(environ, in_container=False)["HF_HUB_CACHE"],
+        venv=cluster_pieces.venv_of(cell, environ), cluster=CLUSTER.name)
     return (write_path_errors(cell, session, environ) + qos_errors(cell, environ)
-            + ceiling_errors(cell) + clusters.node_count_errors(cell, CLUSTER) + offline)
+            + ceiling_errors(cell) + cluster_pieces.node_count_errors(cell, CLUSTER) + offline)
 
 
 # -- the cell's environment and job script ---------------------------------------------------
@@ -208,10 +209,10 @@ def offline_env(environ: Mapping[str, str], *, in_container: bool) -> dict[str, 
     return env
 
 
-def container_of(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.Container | None:
+def container_of(cell, environ: Mapping[str, str], cell_dir=None) -> cluster_pieces.Container | None:
     """The writable sandbox dir the cell runs in, with ``$WORK`` and ``$SCRATCH_FAST`` bound
     and the cell dir as its working dir (``--no-home``: the sandbox's home is read-only)."""
-    return clusters.container_of(cell, environ, cell_dir=cell_dir,
+    return cluster_pieces.container_of(cell, environ, cell_dir=cell_dir,
                                  default_binds=[environ.get(name, "") for name in ("WORK", "SCRATCH_FAST")])
 
 
@@ -223,16 +224,16 @@ def job_time_limit(cell, environ: Mapping[str, str]) -> tuple[str, list[str]]:
     """The job's wall, and the script's comment lines when it is not the cell's own: a cell
     without ``time_limit`` gets the longest its QOS allows (the debug QOS refuses more)."""
     if cell.launch().get("time_limit") is not None:
-        return clusters.job_time_limit(cell, CLUSTER), []
+        return cluster_pieces.job_time_limit(cell, CLUSTER), []
     limit = qos_limit(job_qos(cell, environ), environ)
     return limit.max_time, [f"# --time={limit.max_time}: the cell sets no time_limit, so it gets the "
                             f"longest wall QOS {limit.name} allows"]
 
 
-def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobPieces:
+def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> JobResources:
     container = container_of(cell, environ, cell_dir)
-    nodes = clusters.cell_nodes(cell, CLUSTER)
-    per_node = clusters.job_gpus_per_node(cell, CLUSTER)
+    nodes = cluster_pieces.cell_nodes(cell, CLUSTER)
+    per_node = cluster_pieces.job_gpus_per_node(cell, CLUSTER)
     launch = cell.launch()
     bringup = None
     if nodes > 1:
@@ -244,27 +245,27 @@ def job_pieces(cell, environ: Mapping[str, str], cell_dir=None) -> clusters.JobP
         bringup = ray_cluster.render_bringup(spec)
     env = offline_env(environ, in_container=container is not None)
     time_limit, time_note = job_time_limit(cell, environ)
-    return clusters.JobPieces(
+    return JobResources(
         cluster=CLUSTER.name, nodes=nodes, gpus_per_node=per_node,
         time_limit=time_limit,
         account=launch.get("account") or environ.get("SWEEP_ACCOUNT"),
-        partition=launch.get("partition") or environ.get("SWEEP_PARTITION") or DEFAULT_PARTITION,
+        partition=launch.get("partition") or environ.get("SWEEP_PARTITION") or CLUSTER.partition,
         qos=job_qos(cell, environ),
         # The writable HOME and caches must exist before Ray or the trainer write there.
-        preamble=[*time_note, clusters.make_dirs_line(env["XDG_CACHE_HOME"], env["XDG_CONFIG_HOME"])],
+        preamble=[*time_note, cluster_pieces.make_dirs_line(env["XDG_CACHE_HOME"], env["XDG_CONFIG_HOME"])],
         env=env,
         argv_prefix=container.argv_prefix() if container else (),
-        python=clusters.python_of(cell, environ, container),
+        python=cluster_pieces.python_of(cell, environ, container),
         ray_bringup=bringup,
         shared_filesystems=shared_filesystems(environ),
-        node_local_filesystems=clusters.node_local(environ),
+        node_local_filesystems=cluster_pieces.node_local(environ),
     )
 
 
 def shared_filesystems(environ: Mapping[str, str]) -> tuple[str, ...]:
     """What every Leonardo node sees: ``$WORK``, the scratches, ``$HOME`` (read-only inside
     the container, but the driver's interpreter runs outside it) and the GPFS roots."""
-    return clusters.filesystems(environ, ("WORK", "SCRATCH_FAST", "SCRATCH", "CINECA_SCRATCH", "HOME"),
+    return cluster_pieces.filesystems(environ, ("WORK", "SCRATCH_FAST", "SCRATCH", "CINECA_SCRATCH", "HOME"),
                                 ("/leonardo", "/leonardo_work", "/leonardo_scratch", "/cineca"))
 
 
@@ -272,4 +273,9 @@ def shared_filesystems(environ: Mapping[str, str]) -> tuple[str, ...]:
 def sweep_cell_env(cell, session):
     container = container_of(cell, os.environ)
     return {**offline_env(os.environ, in_container=container is not None),
-            **clusters.code_env(cell, os.environ, container)}
+            **cluster_pieces.code_env(cell, os.environ, container)}
+
+
+@hookimpl
+def sweep_register_clusters(register):
+    register(clusters.Cluster(profile=CLUSTER, job_pieces=job_pieces))

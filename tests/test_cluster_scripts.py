@@ -10,7 +10,6 @@ the tmp dir as ``<tmp>``, this checkout as ``<repo>`` and the interpreter as ``<
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import sys
