@@ -317,7 +317,7 @@ def test_a_fresh_run_takes_its_own_reference_policy(tmp_path):
 
 def test_inert_knobs_name_what_the_run_ignores():
     from trainer.config import TrainerConfig
-    from trainer.loop import inert_knobs
+    from trainer.setup import inert_knobs
 
     cpu = torch.device("cpu")
     synthetic = inert_knobs(TrainerConfig(backend="hf", use_tis=True, tis_imp_ratio_cap=3.0), cpu)

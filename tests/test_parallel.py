@@ -209,7 +209,7 @@ def test_a_trainer_cells_num_gpus_is_its_one_node_request(config, gpus):
 
 
 def test_the_inert_knob_report_knows_what_several_processes_make_real():
-    from trainer.loop import inert_knobs
+    from trainer.setup import inert_knobs
 
     cpu = torch.device("cpu")
     cfg = TrainerConfig(backend="static", num_cpu_ranks=WORLD, reshard_after_forward=False)

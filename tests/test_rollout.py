@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import trainer
 from trainer.config import TrainerConfig
 from trainer.models import load_model_and_tokenizer
 from trainer.batch import left_pad
-from trainer.config import BACKENDS
+from trainer.names import BACKENDS
 from trainer.rollout import ENGINES, BackendUnavailable, Generation, SamplingParams, make_engine, require_backend
 from trainer.rollout.hf import HFEngine
 
@@ -115,7 +118,7 @@ def test_generations_from_rows_and_concatenated_keep_rows_and_padding():
 
 
 def test_every_configurable_backend_is_registered():
-    assert set(BACKENDS) == set(ENGINES) | {"auto"}
+    assert set(BACKENDS.choices()) == set(ENGINES) | {"auto"}
     with pytest.raises(ValueError, match="unknown rollout backend 'nope'"):
         make_engine(TrainerConfig(), model=None, tokenizer=None, device="cpu", max_rows=1, backend="nope")
 
@@ -132,3 +135,47 @@ def test_nothing_imports_vllm_unless_selected():
     import trainer.checkpoint, trainer.cli, trainer.loop, trainer.metrics  # noqa: E401, F401
 
     assert "trainer.rollout.vllm" not in sys.modules and "vllm" not in sys.modules
+
+
+def module_imports(root: Path) -> dict[str, set[str]]:
+    """Each module of the package at ``root`` -> the package's modules it imports when it is
+    imported (module-level statements; imports inside functions run later, when called)."""
+    files = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        imported = set()
+        for statement in ast.parse(path.read_text()).body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            for node in ast.walk(statement):
+                if isinstance(node, ast.Import):
+                    imported |= {alias.name for alias in node.names if alias.name in files}
+                elif isinstance(node, ast.ImportFrom) and node.module in files:
+                    submodules = {f"{node.module}.{alias.name}" for alias in node.names} & files.keys()
+                    # ``from package import module`` imports the module (the package is its parent, no edge)
+                    imported |= submodules if len(submodules) == len(node.names) else {node.module}
+        graph[name] = imported - {name}
+    return graph
+
+
+def test_no_two_trainer_modules_import_each_other():
+    graph = module_imports(Path(trainer.__file__).parent)
+    assert "trainer.rollout.split_kv" in graph["trainer.rollout.fused_attention"]
+    circles = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        for imported in graph[name]:
+            if imported in path:
+                circles.append(path[path.index(imported):] + (imported,))
+            elif imported not in done:
+                visit(imported, path + (imported,))
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, (name,))
+    assert circles == []

@@ -24,19 +24,20 @@ import torch
 from trainer.config import TrainerConfig
 from trainer.models import byte_tokenizer, load_model_and_tokenizer, random_model
 from trainer.rollout import BackendUnavailable, SamplingParams
-from trainer.rollout import attention
-from trainer.rollout.attention import SPLIT, choose, split_kv_decode, split_kv_reference
+from trainer.rollout import split_kv
+from trainer.rollout.attention import choose
+from trainer.rollout.split_kv import SPLIT, split_kv_decode, split_kv_reference
 from trainer.rollout.fused_attention import fused_decode_attention
 from trainer.rollout.fused_sampling import softmax_sample
 from trainer.rollout.static import PLAIN, StaticEngine
 
 from test_static_engine import QWEN3_TINY, chi_square_p_value, sharpen
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and attention.triton is not None
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and split_kv.triton is not None
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1"),
                         id="interpreted"),
            pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-               not torch.cuda.is_available() or attention.triton is None, reason="needs CUDA and Triton")],
+               not torch.cuda.is_available() or split_kv.triton is None, reason="needs CUDA and Triton")],
                         id="cuda")]
 COLUMNS = 2 * SPLIT + 64  # three splits, the last one partly past the cache's end
 
@@ -373,7 +374,7 @@ def test_an_engine_asked_for_split_kv_where_it_cannot_run_says_so():
                          attention=name)
 
 
-@pytest.mark.skipif(attention.triton is None, reason="Triton is not installed")
+@pytest.mark.skipif(split_kv.triton is None, reason="Triton is not installed")
 @pytest.mark.skipif(INTERPRETED, reason="the interpreter replaces the compiler")
 def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     """Triton's own compiler and ptxas, for an H100/H200 target: a kernel that the GPU would
@@ -385,19 +386,19 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
 
     def build(fn, signature, constexprs, num_warps):
         source = ASTSource(fn=fn, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs)
-        kernel = attention.triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+        kernel = split_kv.triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
         assert kernel.asm["cubin"], fn.__name__
 
     strides = dict.fromkeys(("q_sb", "q_sh", "q_sg", "k_sb", "k_sh", "k_sc", "v_sb", "v_sh", "v_sc"), "i32")
     for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
-        build(attention._split_kernel,
+        build(split_kv._split_kernel,
               dict(q_ptr=dtype, k_ptr=dtype, v_ptr=dtype, first_ptr="*i64", column_ptr="*i64", partial_ptr="*fp32",
                    lse_ptr="*fp32", **strides, scale="fp32", columns="i32"),
-              dict(UPCAST=upcast, PRECISION=precision, GROUP=7, GROUP_TILE=16, D=64, SPLIT=attention.SPLIT,
-                   SKIP_EMPTY=True), attention.NUM_WARPS)
-    build(attention._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
+              dict(UPCAST=upcast, PRECISION=precision, GROUP=7, GROUP_TILE=16, D=64, SPLIT=split_kv.SPLIT,
+                   SKIP_EMPTY=True), split_kv.NUM_WARPS)
+    build(split_kv._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
                                         column_ptr="*i64", splits="i32"),
-          dict(SPLIT=attention.SPLIT, D=64, SPLITS_TILE=8), 1)
+          dict(SPLIT=split_kv.SPLIT, D=64, SPLITS_TILE=8), 1)
     for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
         for norm in (False, True):
             build(fused_attention._fused_kernel,
@@ -406,7 +407,7 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
                        c_sc="i32", first_ptr="*i64", column_ptr="*i64", partial_ptr="*fp32", lse_ptr="*fp32",
                        scale="fp32", columns="i32"),
                   dict(UPCAST=upcast, PRECISION=precision, Q_HEADS=14, KV_HEADS=2, GROUP=7, GROUP_TILE=16, D=64,
-                       SPLIT=attention.SPLIT, HAS_NORM=norm), attention.NUM_WARPS)
+                       SPLIT=split_kv.SPLIT, HAS_NORM=norm), split_kv.NUM_WARPS)
     tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
     build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
                                             rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)
@@ -416,7 +417,7 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
           dict(ROWS=1, PARTS_TILE=32, **tiles), 8)
 
 
-@pytest.mark.skipif(attention.triton is None, reason="Triton is not installed")
+@pytest.mark.skipif(split_kv.triton is None, reason="Triton is not installed")
 @pytest.mark.skipif(INTERPRETED, reason="this is the outer run")
 @pytest.mark.timeout(600)
 def test_the_kernel_tests_pass_under_the_triton_interpreter():

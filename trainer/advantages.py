@@ -2,8 +2,8 @@
 
 Each takes the step's rewards (B,) or per-token rewards (B, R), the group size and the
 config, and returns advantages of the same shape. A new estimator is one function and
-one entry here; ``trainer.config.ADVANTAGE_ESTIMATORS`` lists the same names for
-validation without torch.
+one entry here, and its name in ``trainer.names.ADVANTAGE_ESTIMATORS`` (where the config
+finds it without torch); the two are checked against each other at import.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from trainer import names
 from trainer.losses import group_advantages
 
 
@@ -27,6 +28,7 @@ def no_op(rewards: torch.Tensor, group_size: int, cfg) -> torch.Tensor:
 
 
 ESTIMATORS: dict[str, Callable[[torch.Tensor, int, object], torch.Tensor]] = {"grpo": grpo, "no_op": no_op}
+names.ADVANTAGE_ESTIMATORS.check(ESTIMATORS, registry_name="trainer.advantages.ESTIMATORS")
 
 
 def advantages_for(rewards: torch.Tensor, group_size: int, cfg) -> torch.Tensor:

@@ -11,7 +11,9 @@ A run of several processes (``num_gpus`` > 1 on CUDA, ``num_cpu_ranks`` > 1 on
 the CPU) is checked here once, then started as one process per rank
 (``trainer.parallel.launch``), each running this same command; the launcher
 passes stop signals on and exits with the ranks' code. Ranks other than 0 keep
-their messages to themselves (rank 0 speaks for the run).
+their messages to themselves (rank 0 speaks for the run). A rank's process ends
+without the interpreter's teardown once its run is over
+(``trainer.parallel.exit_rank`` says why).
 """
 
 from __future__ import annotations
@@ -85,18 +87,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     if world > 1 and not parallel.started_as_rank():
         return parallel.launch(argv, world)
+    code = run(cfg, ckpt_dir=args.ckpt_dir, metrics=metrics, stderr=stderr)
+    if parallel.started_as_rank():
+        parallel.exit_rank(code)  # past the teardown that a live process group makes unsafe
+    return code
 
+
+def run(cfg: TrainerConfig, *, ckpt_dir: Path, metrics: Path, stderr) -> int:
+    """Train (this process's rank of) the run; the exit code."""
     from trainer.data import DataError
     from trainer.loop import train
     from trainer.stopping import SIGNALS, Stopped
 
     try:
-        train(cfg, ckpt_dir=args.ckpt_dir, metrics_path=metrics, stderr=stderr)
+        train(cfg, ckpt_dir=ckpt_dir, metrics_path=metrics, stderr=stderr)
     except (ConfigError, DataError) as exc:  # only checkable against the data, model or machine
         print(f"sweep-train: bad config or data:\n{exc}", file=stderr)
         return EXIT_CONFIG
     except Stopped as stopped:
-        where = (f"checkpointed in {args.ckpt_dir} (resume with resume_mode=latest)" if stopped.checkpointed
+        where = (f"checkpointed in {ckpt_dir} (resume with resume_mode=latest)" if stopped.checkpointed
                  else "no step had run, nothing to checkpoint")
         print(f"sweep-train: {stopped}; {where}", file=stderr)
         return stopped.exit_code

@@ -1,7 +1,10 @@
 """The trainer's configuration: one frozen attrs class, flat keys named as in SkyRL.
 
-This module imports attrs and the standard library only, so that sweepkit's
-trainer plugin can validate grid files against :func:`schema` without torch.
+This module imports attrs and the standard library only (and :mod:`trainer.names`, which
+does the same), so that sweepkit's trainer plugin can validate grid files against
+:func:`schema` without torch. The keys that pick a named part (``backend``,
+``decode_attention``, ``advantage_estimator``, ``policy_loss_type``, ``loss_reduction``,
+``kl_estimator_type``) take their choices and help text from :mod:`trainer.names`.
 """
 
 from __future__ import annotations
@@ -14,15 +17,13 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
 import attrs
 
-ADVANTAGE_ESTIMATORS = ("grpo", "no_op")
-POLICY_LOSS_TYPES = ("ppo", "importance_sampling")
-LOSS_REDUCTIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-BACKENDS = ("auto", "static", "hf", "vllm")
+from trainer import names
+from trainer.names import Names
+
 RESUME_MODES = (None, "latest")
 
 
@@ -74,6 +75,11 @@ def _choice(choices):
             raise ConfigError(f"{attribute.name}: must be one of {shown}, got {value!r}")
 
     return check
+
+
+def _named(choices: Names, default: str):
+    """A key that picks one of ``choices``: its validator and help text come from :mod:`trainer.names`."""
+    return attrs.field(default=default, validator=_choice(choices.choices()), metadata=_doc(choices.help()))
 
 
 def _doc(text: str, *, path: bool = False) -> dict:
@@ -145,14 +151,11 @@ class TrainerConfig:
         "run: a few alike steps can give a narrow interval by chance"))
 
     # -- algorithm -------------------------------------------------------------------
-    advantage_estimator: str = attrs.field(default="grpo", validator=_choice(ADVANTAGE_ESTIMATORS),
-                                           metadata=_doc("'grpo' group baseline; 'no_op' keeps per-token advantages"))
+    advantage_estimator: str = _named(names.ADVANTAGE_ESTIMATORS, "grpo")
     grpo_norm_by_std: bool = attrs.field(default=True, metadata=_doc(
         "divide group advantages by the group std (False: Dr.GRPO)"))
-    policy_loss_type: str = attrs.field(default="ppo", validator=_choice(POLICY_LOSS_TYPES),
-                                        metadata=_doc("'ppo' clipped ratio, or 'importance_sampling' (unclipped)"))
-    loss_reduction: str = attrs.field(default="token_mean", validator=_choice(LOSS_REDUCTIONS),
-                                      metadata=_doc("how per-token losses become one number"))
+    policy_loss_type: str = _named(names.POLICY_LOSS_TYPES, "ppo")
+    loss_reduction: str = _named(names.LOSS_REDUCTIONS, "token_mean")
     eps_clip_low: float = attrs.field(default=0.2, validator=_below_one, metadata=_doc(
         "PPO clip below 1"))
     eps_clip_high: float = attrs.field(default=0.2, validator=_non_negative, metadata=_doc(
@@ -161,8 +164,7 @@ class TrainerConfig:
         "add a KL loss against the frozen reference policy"))
     kl_loss_coef: float = attrs.field(default=0.001, validator=_non_negative, metadata=_doc(
         "weight of the KL loss"))
-    kl_estimator_type: str = attrs.field(default="k3", validator=_choice(KL_ESTIMATORS), metadata=_doc(
-        "KL estimator: k1, k2 or k3"))
+    kl_estimator_type: str = _named(names.KL_ESTIMATORS, "k3")
     use_entropy_loss: bool = attrs.field(default=False, metadata=_doc("add an entropy bonus"))
     entropy_loss_coef: float = attrs.field(default=0.01, validator=_non_negative, metadata=_doc(
         "weight of the entropy bonus"))
@@ -194,9 +196,7 @@ class TrainerConfig:
         "k of the pass@k eval"))
 
     # -- rollout engine and placement -------------------------------------------------
-    backend: str = attrs.field(default="auto", validator=_choice(BACKENDS), metadata=_doc(
-        "rollout engine: 'static' (in-process, static KV cache, CUDA graphs), 'hf' (transformers "
-        "generate), 'vllm', or 'auto' (static where it supports the model, else hf)"))
+    backend: str = _named(names.BACKENDS, "auto")
     device: str = attrs.field(default="auto", validator=_choice(("auto", "cpu", "cuda")), metadata=_doc(
         "'auto' takes cuda when available"))
     dtype: str = attrs.field(default="auto", validator=_choice(("auto", "float32", "bfloat16")),
@@ -210,12 +210,7 @@ class TrainerConfig:
     compile_decode: bool = attrs.field(default=True, metadata=_doc(
         "torch.compile the static engine's decode step inside its CUDA graphs (fuses its small "
         "kernels; costs seconds of compilation per batch-size bucket on a run's first steps)"))
-    decode_attention: str = attrs.field(default="auto", validator=_choice(("auto", "sdpa", "split-kv", "fused")),
-                                        metadata=_doc(
-        "the static engine's decode attention: 'split-kv' (a Triton flash-decoding kernel that reads "
-        "only the cache columns in use), 'fused' (split-kv with the layer's RoPE and cache write in "
-        "its split kernel), 'sdpa' (PyTorch's attention over every column, masked), or 'auto' "
-        "(fused on CUDA where Triton is installed, else sdpa)"))
+    decode_attention: str = _named(names.DECODE_ATTENTIONS, "auto")
     colocate_all: bool = attrs.field(default=True, metadata=_doc(
         "policy and rollout engines share the GPUs (engines sleep during training)"))
     num_inference_engines: int = attrs.field(default=1, validator=_positive, metadata=_doc(

@@ -34,7 +34,6 @@ import attrs
 from trainer.math_reward import last_boxed
 from trainer.rewards import parse_gold
 
-TASKS = ("gsm8k", "math")
 HUB_NAMES = ("gsm8k", "openai/gsm8k")
 MATH_NAMES = ("math",)
 HUB_REPO = "openai/gsm8k"
@@ -182,8 +181,8 @@ def _hub_snapshot() -> Path:
             local_files_only=offline)
     except LocalEntryNotFoundError:
         raise DataError(
-            f"dataset: 'gsm8k' is not in the HF cache and HF_HUB_OFFLINE is set; pass the path of "
-            f"a directory holding train/test .jsonl or .parquet (dataset=/path/to/gsm8k)") from None
+            "dataset: 'gsm8k' is not in the HF cache and HF_HUB_OFFLINE is set; pass the path of "
+            "a directory holding train/test .jsonl or .parquet (dataset=/path/to/gsm8k)") from None
     except Exception as exc:  # network or hub errors: the fix is the same for all of them
         raise DataError(f"dataset: cannot download {HUB_REPO} ({exc}); pass a local path instead") from None
     return Path(root) / HUB_CONFIG

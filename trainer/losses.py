@@ -48,10 +48,9 @@ import math
 
 import torch
 
+from trainer import names
+
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: large enough never to bind on sane runs, finite in fp32
-REDUCTIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-LOSS_TYPES = ("ppo", "importance_sampling")
-KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def group_advantages(rewards, group_size, *, norm_by_std=True, eps=1e-6):
@@ -147,7 +146,7 @@ def policy_loss(
     with TIS, ``tis_weight``. Gradient flows through ``logprobs`` only.
     """
     if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+        raise ValueError(f"loss_type must be one of {tuple(LOSS_TYPES)}, got {loss_type!r}")
     if not (0.0 <= eps_clip_low < 1.0 and eps_clip_high >= 0.0):
         raise ValueError(f"need 0 <= eps_clip_low < 1 and eps_clip_high >= 0, got {eps_clip_low}, {eps_clip_high}")
     if old_logprobs.shape != logprobs.shape:
@@ -155,15 +154,7 @@ def policy_loss(
     advantages = _per_token(advantages.detach(), logprobs)  # (B, T) or (B, 1)
     log_ratio = (logprobs - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # (B, T)
-    unclipped = ratio * advantages
-    if loss_type == "ppo":
-        clipped = ratio.clamp(1.0 - eps_clip_low, 1.0 + eps_clip_high) * advantages
-        loss = -torch.min(unclipped, clipped)
-        low = (ratio < 1.0 - eps_clip_low) & (advantages < 0)
-        high = (ratio > 1.0 + eps_clip_high) & (advantages > 0)
-    else:
-        loss = -unclipped
-        low = high = torch.zeros_like(ratio, dtype=torch.bool)
+    loss, low, high = LOSS_TYPES[loss_type](ratio, advantages, eps_clip_low, eps_clip_high)
     stats = {
         "ratio": ratio.detach(),
         "clip_frac": (low | high).to(ratio.dtype),
@@ -183,6 +174,26 @@ def policy_loss(
     return loss, stats
 
 
+def ppo(ratio, advantages, eps_clip_low, eps_clip_high):
+    """-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) -> (loss, clipped below, clipped above), each (B, T)."""
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - eps_clip_low, 1.0 + eps_clip_high) * advantages
+    low = (ratio < 1.0 - eps_clip_low) & (advantages < 0)
+    high = (ratio > 1.0 + eps_clip_high) & (advantages > 0)
+    return -torch.min(unclipped, clipped), low, high
+
+
+def importance_sampling(ratio, advantages, eps_clip_low, eps_clip_high):
+    """-rho A, never clipped -> (loss, clipped below, clipped above), each (B, T)."""
+    never = torch.zeros_like(ratio, dtype=torch.bool)
+    return -(ratio * advantages), never, never
+
+
+#: ``policy_loss_type`` -> the per-token loss of the ratio and the advantages.
+LOSS_TYPES = {"ppo": ppo, "importance_sampling": importance_sampling}
+names.POLICY_LOSS_TYPES.check(LOSS_TYPES, registry_name="trainer.losses.LOSS_TYPES")
+
+
 def kl_penalty(logprobs, ref_logprobs, *, estimator="k3"):
     """Per-token KL(pi || pi_ref) estimate on sampled tokens -> (B, T).
 
@@ -190,14 +201,30 @@ def kl_penalty(logprobs, ref_logprobs, *, estimator="k3"):
     d = clamp(ref - logp, -20, 20), then clamp(e^d - d - 1, -10, 10).
     """
     diff = logprobs - ref_logprobs.detach()  # (B, T)
-    if estimator == "k1":
-        return diff
-    if estimator == "k2":
-        return 0.5 * diff.square()
-    if estimator == "k3":
-        d = (-diff).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
-    raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {tuple(KL_ESTIMATORS)}, got {estimator!r}")
+    return KL_ESTIMATORS[estimator](diff)
+
+
+def k1(diff):
+    """The log-ratio itself: unbiased, high variance."""
+    return diff
+
+
+def k2(diff):
+    """Half the squared log-ratio: biased, low variance."""
+    return 0.5 * diff.square()
+
+
+def k3(diff):
+    """Schulman's pi_ref/pi - log(pi_ref/pi) - 1: unbiased, low variance, never negative."""
+    d = (-diff).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+
+
+#: ``kl_estimator_type`` -> the per-token KL estimate of the log-ratio log pi - log pi_ref.
+KL_ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
+names.KL_ESTIMATORS.check(KL_ESTIMATORS, registry_name="trainer.losses.KL_ESTIMATORS")
 
 
 def _masked(x, mask):
@@ -233,19 +260,35 @@ def aggregate(per_token, mask, reduction, *, num_sequences=None, num_tokens=None
     """
     if per_token.shape != mask.shape or per_token.dim() != 2:
         raise ValueError(f"per_token {tuple(per_token.shape)} and mask {tuple(mask.shape)} must both be (B, T)")
-    mask = mask.to(per_token.dtype)
-    total = _masked(per_token, mask).sum()
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {tuple(REDUCTIONS)}, got {reduction!r}")
     sequences = per_token.shape[0] if num_sequences is None else num_sequences
-    if reduction == "token_mean":
-        tokens = mask.sum().clamp(min=1.0) if num_tokens is None else max(num_tokens, 1)
-        return total / tokens
-    if reduction == "seq_mean_token_mean":
-        per_sequence = masked_mean(per_token, mask, dim=-1)  # (B,)
-        return per_sequence.sum() / max(sequences, 1)
-    if reduction == "seq_mean_token_sum_norm":
-        length = per_token.shape[1] if max_len is None else max_len
-        return total / (max(sequences, 1) * max(length, 1))
-    raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return REDUCTIONS[reduction](per_token, mask.to(per_token.dtype), sequences=sequences, num_tokens=num_tokens,
+                                 max_len=max_len)
+
+
+def token_mean(per_token, mask, *, sequences, num_tokens, max_len):
+    """sum(L m) / num_tokens (default: mask.sum())."""
+    tokens = mask.sum().clamp(min=1.0) if num_tokens is None else max(num_tokens, 1)
+    return _masked(per_token, mask).sum() / tokens
+
+
+def seq_mean_token_mean(per_token, mask, *, sequences, num_tokens, max_len):
+    """sum_i mean_t(L_i) / sequences."""
+    per_sequence = masked_mean(per_token, mask, dim=-1)  # (B,)
+    return per_sequence.sum() / max(sequences, 1)
+
+
+def seq_mean_token_sum_norm(per_token, mask, *, sequences, num_tokens, max_len):
+    """sum(L m) / (sequences * max_len) (default max_len: the padded T)."""
+    length = per_token.shape[1] if max_len is None else max_len
+    return _masked(per_token, mask).sum() / (max(sequences, 1) * max(length, 1))
+
+
+#: ``loss_reduction`` -> (B, T) per-token loss and mask to a scalar (see :func:`aggregate`).
+REDUCTIONS = {"token_mean": token_mean, "seq_mean_token_mean": seq_mean_token_mean,
+              "seq_mean_token_sum_norm": seq_mean_token_sum_norm}
+names.LOSS_REDUCTIONS.check(REDUCTIONS, registry_name="trainer.losses.REDUCTIONS")
 
 
 def pass_at_k(n, c, k):

@@ -179,11 +179,3 @@ def math_format_reward(completion: str) -> float:
     r"""1.0 when the completion ends its reasoning with a closed, non-empty ``\boxed{...}``."""
     boxed = last_boxed(completion)
     return 1.0 if boxed is not None and boxed.strip() else 0.0
-
-
-def math_shaped_reward(completion: str, answer: str, format_reward_coef: float = 0.0) -> float:
-    """The training reward with format shaping, as :func:`trainer.rewards.shaped_reward`:
-    1.0 for a correct answer, ``format_reward_coef`` for a boxed wrong one, else 0.0."""
-    if math_correct(completion, answer):
-        return 1.0
-    return format_reward_coef * math_format_reward(completion)

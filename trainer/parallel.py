@@ -58,7 +58,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 import attrs
 import torch
@@ -368,6 +368,22 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End this rank's process with ``code`` at once, without the interpreter's teardown.
+
+    The process group outlives ``destroy_process_group``: torch.distributed.tensor's caches
+    (of sharding propagation, redistribution plans, mesh topology) keep the FSDP2 mesh, and
+    through it the group, alive to the end, so gloo's worker and I/O threads (NCCL's watchdog
+    on CUDA) still run while the interpreter and the C++ statics are torn down. A rank that
+    exited that way while its peer was still connected aborted now and then ("terminate
+    called without an active exception", exit 134) after its run had completed. By the time
+    a rank ends, what it writes is written and closed; only stdout and stderr need flushing.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _die_with_parent() -> None:

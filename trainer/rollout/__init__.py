@@ -6,28 +6,33 @@ mask and (when it can) the log-probabilities it sampled them with, so the loop
 never re-packs completions row by row and a faster engine replaces another
 without touching the loss code.
 
-Engines are registered by name in :data:`ENGINES` (name -> module); a module
-holds one engine class, exported as ``ENGINE``, with its own constructor from the
-config and its own report of the knobs that do nothing under it. A backend's
-module is imported only when it is selected: ``vllm`` is never imported unless
-``backend="vllm"``. Adding an engine is one module and one line here.
+Engines are registered by name in :data:`ENGINES` (name -> module), which is
+``trainer.names.BACKENDS``: the names and modules the config validates against. A
+module holds one engine class, exported as ``ENGINE``, with its own constructor from
+the config and its own report of the knobs that do nothing under it; :func:`engine_class`
+checks, when it imports one, that it does. A backend's module is imported only when it
+is selected: ``vllm`` is never imported unless ``backend="vllm"``. Adding an engine is
+one module and one line in ``trainer.names``.
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
+import importlib.util
 from typing import Optional
 
 import attrs
 import torch
 
-#: Backend name -> the module that defines it (its ``ENGINE`` attribute is the class).
-ENGINES = {
-    "hf": "trainer.rollout.hf",
-    "static": "trainer.rollout.static",
-    "vllm": "trainer.rollout.vllm",
-}
+from trainer import names
+
+#: Backend name -> the module that defines it (its ``ENGINE`` attribute is the class); ``auto`` is
+#: no engine but a choice between them (``trainer.setup.resolve_backend``).
+ENGINES = {name: names.BACKENDS.module(name) for name in names.BACKENDS.implemented_names()}
+# A name without its module fails here, not when a run first selects it (nothing is imported).
+if missing := [module for module in ENGINES.values() if importlib.util.find_spec(module) is None]:
+    raise names.RegistryMismatch(f"trainer.names names backends in {', '.join(missing)}, which do not exist")
 
 
 class BackendUnavailable(RuntimeError):
@@ -163,7 +168,11 @@ def engine_class(backend: str) -> type[RolloutEngine]:
     if backend not in ENGINES:
         known = ", ".join(repr(name) for name in ENGINES)
         raise ValueError(f"backend: unknown rollout backend {backend!r}; known: {known}")
-    return importlib.import_module(ENGINES[backend]).ENGINE
+    engine = getattr(importlib.import_module(ENGINES[backend]), "ENGINE", None)
+    if not (isinstance(engine, type) and issubclass(engine, RolloutEngine)):
+        raise names.RegistryMismatch(f"trainer.names names backend {backend!r} in {ENGINES[backend]}, which "
+                                     f"exports no RolloutEngine as ENGINE")
+    return engine
 
 
 def require_backend(backend: str) -> None:

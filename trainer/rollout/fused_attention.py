@@ -1,6 +1,6 @@
 """A decode step's attention with its RoPE and cache write folded into the split-KV kernel.
 
-The ``split-kv`` attention (:mod:`trainer.rollout.attention`) runs after three kernels of
+The ``split-kv`` attention (:mod:`trainer.rollout.split_kv`) runs after three kernels of
 the compiled layer step: one rotates q and k, two write k and v into the cache (about
 3.9 us a layer together at batch 128 on an H200, ``benchmarks/RESULTS.md``). Here the
 split kernel takes the fused qkv projection as the GEMM left it:
@@ -27,13 +27,13 @@ from typing import Optional
 
 import torch
 
-from trainer.rollout.attention import (MIN_GROUP_TILE, NUM_WARPS, SPLIT, _interpreting, merge_splits, split_partials,
-                                       triton)
+from trainer.rollout.split_kv import (MIN_GROUP_TILE, NUM_WARPS, SPLIT, _interpreting, merge_splits, split_partials,
+                                      triton)
 
 if triton is not None:
     import triton.language as tl
 
-    from trainer.rollout.attention import _holds_columns
+    from trainer.rollout.split_kv import _holds_columns
 
 
 @torch.library.custom_op("trainer::fused_decode_attention", mutates_args=("cache",))
