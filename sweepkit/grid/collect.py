@@ -8,17 +8,11 @@ others from being collected: the mistakes of every file are reported together.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-import io
-import sys
-import tokenize
-import traceback
 from pathlib import Path
 
 import attrs
 
-from sweepkit.errors import UsageError, did_you_mean, display_path
+from sweepkit.errors import UsageError, did_you_mean
 from sweepkit.grid.cell import Cell, Mark, Target
 from sweepkit.grid.declare import (
     AxisDecl,
