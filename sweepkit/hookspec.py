@@ -17,10 +17,11 @@ Order of a ``sweep run``:
    cells that ``-k`` / ``-m`` / ``::CELL`` / ``--failed`` left out;
 4. :func:`sweep_validate_cell` for every selected cell (the run's plan of each cell,
    made once for the command, asks :func:`sweep_cell_ckpt_dir` where its checkpoints
-   are, :func:`sweep_cell_checkpoints` which entries there are checkpoints and
-   :func:`sweep_cell_gpus` how many GPUs it takes); any error stops here;
+   are and :func:`sweep_cell_checkpoints` which entries there are checkpoints); any
+   error stops here;
 5. :func:`sweep_choose_executor` unless ``--executor`` names one (asked once);
-6. per cell: :func:`sweep_cell_env`, and :func:`sweep_cell_args` and
+6. per cell: :func:`sweep_cell_gpus` (a cell with no ``gpus`` key), :func:`sweep_cell_env`,
+   :func:`sweep_cell_args` and
    :func:`sweep_cell_start_config` (once with the run's resume flag, once with
    ``resume=True`` for a chain link), for a cluster executor
    :func:`sweep_job_resources` and :func:`sweep_job_sbatch_options` (each once;
