@@ -113,8 +113,15 @@ class TrainerConfig:
         "prompts per step"))
     policy_mini_batch_size: int = attrs.field(default=32, validator=_positive, metadata=_doc(
         "prompts per optimizer step; train_batch_size / policy_mini_batch_size updates a step"))
-    micro_train_batch_size_per_gpu: int = attrs.field(default=8, validator=_positive, metadata=_doc(
-        "sequences per forward/backward (gradient accumulation unit)"))
+    micro_train_batch_size_per_gpu: Optional[int] = attrs.field(default=None, validator=_positive, metadata=_doc(
+        "sequences per forward/backward (gradient accumulation unit); null (default): micro-batches "
+        "packed by tokens within the memory budget (trainer/packing.py)"))
+    micro_train_tokens_per_gpu: Optional[int] = attrs.field(default=None, validator=_positive, metadata=_doc(
+        "padded tokens per packed micro-batch; null: from train_memory_gb on a GPU (at most 32768), "
+        "4096 on the CPU; no effect when micro_train_batch_size_per_gpu is set"))
+    train_memory_gb: Optional[float] = attrs.field(default=None, validator=_positive, metadata=_doc(
+        "device memory the update's packed micro-batches may fill, in GB; null: 90% of the card, at most "
+        "56 (an A100-64GB's worth)"))
     micro_forward_batch_size_per_gpu: int = attrs.field(default=16, validator=_positive, metadata=_doc(
         "sequences per no-grad forward (old / reference logprobs)"))
     n_samples_per_prompt: int = attrs.field(default=4, validator=_positive, metadata=_doc(

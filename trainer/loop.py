@@ -92,6 +92,7 @@ from trainer.rollout import SamplingParams
 from trainer.setup import Run, set_up
 from trainer.stopping import StopRequest, Stopped
 from trainer.timing import Verdict
+from trainer.packing import plan_packing
 from trainer.update import update_policy
 
 EVAL_SEED_OFFSET = 1_000_003  # keeps eval samples apart from the training step's samples
@@ -125,6 +126,7 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
     last = {}
     saved_step = step if run.start_from is not None else None  # the step the latest checkpoint holds
     precise = timing_verdict(run) if step > 0 else None  # a resumed run may have measured enough already
+    packing = None  # how the update cuts mini-batches: decided as the first update starts
     if precise is not None:
         end_by_rule(run, precise, step, stderr)
 
@@ -180,9 +182,13 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
             batch = attrs.evolve(batch, advantages=advantages_for(reward_signal, n, cfg))
 
             # -- 4. update: mini-batches of whole groups, micro-batches accumulate --------------
+            if packing is None:
+                packing = plan_packing(cfg, run.model, run.optimizer, device)
+                if group.is_main:
+                    print(f"sweep-train: update micro-batches: {packing.describe()}", file=stderr, flush=True)
             with timed(times, "timing/policy_train", device):
                 update_stats = update_policy(run.policy, run.optimizer, run.scheduler, batch, cfg,
-                                             precision=run.precision, stderr=stderr, group=group)
+                                             precision=run.precision, stderr=stderr, group=group, packing=packing)
 
             # -- 5. sync: the full policy gathers the new shards, the rollout engine reads it --------
             with timed(times, "timing/sync_weights", device):

@@ -4,7 +4,9 @@ Each mini-batch is one optimizer step; each micro-batch loss is normalised by it
 whole mini-batch's totals, so the accumulated gradient is the mini-batch loss's
 gradient. Rows of a mini-batch are sorted by length before they are cut into
 micro-batches (the loss is a sum over rows, so order does not change it), which
-keeps the padding each micro-batch computes on small.
+keeps the padding each micro-batch computes on small; how many rows each takes is the
+run's :class:`trainer.packing.Packing` (a fixed count, or as many as its token budget
+holds at its longest row's width).
 
 When the step is exactly on-policy (one mini-batch: the update sees the weights
 that sampled) ``batch.old_logprobs`` is None and pi_old is the update forward's
@@ -32,27 +34,31 @@ import torch
 from trainer.batch import Batch
 from trainer.forward import response_logprobs
 from trainer.losses import aggregate, kl_penalty, policy_loss
+from trainer.packing import Packing, plan_packing
 from trainer.parallel import SINGLE, Group, replicated, trains_sharded
 
 TOKEN_SUMS = ("clip_frac", "kl", "ref_kl", "tis_weight", "entropy")  # per-token sums, averaged over all tokens
 
 
 def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None,
-                  group: Group = SINGLE) -> dict:
+                  group: Group = SINGLE, packing: Packing | None = None) -> dict:
     """One optimizer step per mini-batch; returns the step's policy metrics.
 
     A mini-batch whose gradient norm is not finite leaves the weights, the
     optimizer state and the schedule untouched; it is counted in
     ``policy/skipped_updates`` and reported on ``stderr``. ``model`` is the
     policy itself, or (several ranks) its :class:`trainer.parallel.ShardedPolicy`,
-    and ``batch`` this rank's share of the step's groups.
+    and ``batch`` this rank's share of the step's groups. ``packing``: how mini-batches
+    are cut (None: decided here, :func:`trainer.packing.plan_packing`).
     """
     model.train()
     autocast = precision.autocast if precision is not None else contextlib.nullcontext
     # A sharded policy's forward is the training forward: its FSDP hooks must run.
     forward = model if trains_sharded(model) else functools.partial(response_logprobs, model)
     mini_size = cfg.policy_mini_batch_size * cfg.n_samples_per_prompt // group.world
-    micro_size = cfg.micro_train_batch_size_per_gpu
+    if packing is None:
+        packing = plan_packing(cfg, model, optimizer, batch.prompt_ids.device)
+    width_multiple = getattr(model, "width_multiple", 1)
     # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
     sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0,
             "entropy": 0.0}
@@ -64,11 +70,13 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         # This rank's share of the mini-batch's totals (on one rank: the totals).
         tokens = group.sum_floats([float(mini.response_mask.sum())])[0] / group.world
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
-        longest_first = torch.argsort(mini.response_mask.sum(dim=1) + mini.prompt_mask.sum(dim=1),
-                                      descending=True, stable=True)
-        mini_loss = 0.0
-        for micro_start in range(0, mini.size, micro_size):
+        lengths = (mini.response_mask.sum(dim=1) + mini.prompt_mask.sum(dim=1)).long()
+        longest_first = torch.argsort(lengths, descending=True, stable=True)
+        widths = (-(-lengths[longest_first] // width_multiple) * width_multiple).tolist()
+        mini_loss, micro_start = 0.0, 0
+        for micro_size in packing.cut(widths):
             micro = mini.rows(longest_first[micro_start : micro_start + micro_size])
+            micro_start += micro_size
             mask = micro.response_mask  # (b, R)
             with autocast():
                 logprobs, entropy = forward(micro, cfg.temperature, with_entropy=True)  # (b, R)
