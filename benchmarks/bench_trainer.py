@@ -53,6 +53,9 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any other trainer key (repeatable)")
+    parser.add_argument("--memory-gb", type=float, default=None,
+                        help="cap this process's share of the GPU's memory at this many GB (as a smaller card "
+                             "would hold it: an A100-64GB is --memory-gb 64)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--compare", choices=("trl",),
                         help="then run TRL's GRPOTrainer on the same shape (bench_trl.py), print the ratio")
@@ -85,6 +88,8 @@ def summarise(records: list[dict], warmup: int) -> dict:
         / sum(r["timing/generate"] for r in kept),
         "response_length_mean": mean("response_length/mean"),
         "peak_memory_gb": max(r["memory/peak_gb"] for r in kept),
+        "peak_memory_gb_all_steps": max(r["memory/peak_gb"] for r in records),
+        "first_step_s": records[0]["timing/step"],
     }
     summary |= {key: mean(key) for key in SPLIT}
     # The host's share: prompts encoded, completions decoded and scored, the batch built.
@@ -107,6 +112,11 @@ def main(argv=None) -> int:
             return 2
     from trainer.loop import train
 
+    if args.memory_gb is not None:
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb * 1e9 / total))
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
         metrics = Path(scratch) / "metrics.jsonl"
         with open(Path(scratch) / "stdout.log", "w") as quiet:

@@ -19,7 +19,7 @@ marks = [sk.mark.gsm8k, sk.mark.throughput]
 base = sk.base(
     model="Qwen/Qwen2.5-1.5B-Instruct",
     dataset=os.environ.get("SWEEPKIT_GSM8K") or "gsm8k",
-    backend="vllm",
+    backend="auto",
     advantage_estimator="grpo",
     use_kl_loss=False,
     lr=1e-6,
@@ -29,7 +29,6 @@ base = sk.base(
     n_samples_per_prompt=4,
     max_prompt_length=512,
     max_generate_length=512,
-    micro_train_batch_size_per_gpu=8,
     micro_forward_batch_size_per_gpu=16,
     gpu_memory_utilization=0.70,
     enforce_eager=True,
@@ -57,7 +56,7 @@ cudagraph = sk.cell(enforce_eager=False)
 # Engine layout at 4 GPUs: 4xTP1 (base) vs 2xTP2 vs 1xTP4.
 layout = sk.axis("num_inference_engines, inference_tp", [(2, 2), (1, 4)],
                  id="{num_inference_engines}xTP{inference_tp}")
-# Larger micro-batches: fewer, fuller forward/backward passes.
+# A fixed micro-batch of 16 rows against base's, packed by tokens within the memory budget.
 micro = sk.cell(micro_train_batch_size_per_gpu=16, micro_forward_batch_size_per_gpu=32)
 # Keep FSDP2 parameters gathered between forward and backward.
 reshard = sk.cell(reshard_after_forward=False)

@@ -48,6 +48,7 @@ import os
 from pathlib import Path
 
 from sweepkit import hookimpl
+from sweepkit_plugins.cluster_offline import warn
 from sweepkit.run.executors.warm import WarmTarget
 from sweepkit.state.records import CKPT_DIR, cell_dir
 from trainer.config import ConfigError, TrainerConfig, check_type, schema
@@ -88,6 +89,12 @@ COMPILE_CACHE_DIR = ".torch-compile-cache"  # in the runs dir (dot names are no 
 # What the trainer writes in its checkpoint dir that is no checkpoint to resume from: written
 # before its first step (so a run stopped before it left nothing to resume), or the final
 # export; and the prefix of its half-written files, cleaned up when it next starts.
+# What a dry run and every run of a cell with backend="vllm" says: that engine is an explicit
+# choice nothing here has measured.
+VLLM_UNRUN = ("backend='vllm' runs an engine no tested machine has run (vllm is not installed where "
+              "sweepkit's tests and benchmarks run: its code is tested only up to the vllm calls); "
+              "backend='auto' (the static engine for the models it knows) is the measured one, "
+              "benchmarks/RESULTS.md")
 NOT_CHECKPOINTS = frozenset({"run_info.json", "reference.safetensors", "export"})
 WRITING_PREFIX = ".tmp-"
 
@@ -219,6 +226,8 @@ def sweep_validate_cell(cell, session):
         cfg = TrainerConfig.from_dict(values, source="trainer")
     except ConfigError as exc:
         return [line.removeprefix("trainer: ") for line in str(exc).splitlines()]
+    if cfg.backend == "vllm":
+        warn(session, cell, "backend", VLLM_UNRUN)
     return gpu_count_errors(cfg, cell.launch().get("gpus"))
 
 

@@ -1,5 +1,7 @@
 """Validation before anything runs: every error of every cell at once, with file:line; nothing runs."""
 
+from pathlib import Path
+
 from sweepkit.grid.validate import check_type, runs_dir_problem
 
 
@@ -134,3 +136,22 @@ def sweep_register_profiles(register):
     assert result.ret == 4, result
     assert "grids/g.py:2: base: top_p: must be in (0, 1], got 1.5 (the value --profile broken sets)" in result.stderr
     assert "1 error found" in result.stderr
+
+
+def test_the_builtin_trainers_grids_run_the_measured_engine_and_vllm_says_it_is_unrun(sweeper):
+    """The shipped grids use backend='auto'; a grid that asks for vllm is told, in its dry
+    run, that nothing here has run that engine (and the cell is still planned)."""
+    for grid in ("gsm8k_throughput", "opd_qwen3"):
+        assert 'backend="auto"' in (Path(__file__).parents[1] / "grids" / f"{grid}.py").read_text()
+    sweeper.grid("v", '''
+import sweepkit as sk
+base = sk.base(model="tiny-random", dataset="synthetic", backend="vllm")
+other = sk.cell(lr=1e-5)
+''')
+    result = sweeper.run("run", "--dry-run")
+    assert result.ret == 0, result
+    warnings = [line for line in result.stderr.splitlines() if "backend='vllm'" in line]
+    assert len(warnings) == 1, result.stderr  # once for the grid, where base sets it
+    assert warnings[0].startswith("warning: grids/v.py:2: base: backend='vllm' runs an engine no tested machine")
+    assert "backend='auto'" in warnings[0]
+    assert "would run 2 fresh" in result.stdout
