@@ -90,6 +90,7 @@ def summarise(records: list[dict], warmup: int) -> dict:
         "peak_memory_gb": max(r["memory/peak_gb"] for r in kept),
         "peak_memory_gb_all_steps": max(r["memory/peak_gb"] for r in records),
         "first_step_s": records[0]["timing/step"],
+        "first_step_split": {key: round(records[0][key], 3) for key in SPLIT},
     }
     summary |= {key: mean(key) for key in SPLIT}
     # The host's share: prompts encoded, completions decoded and scored, the batch built.
