@@ -713,3 +713,12 @@ def test_compiled_body_gives_the_eager_log_probs_and_gradients(device, monkeypat
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         for a, b in zip(got_grads, want_grads):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    # Packed micro-batches vary in rows, not in padded width: one graph serves them all.
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for rows in (2, 6):
+        batch = left_padded_rollout(tokenizer, device, prompt_lengths=[9, 3] * (rows // 2), response_length=5,
+                                    advantages=[1.0, -1.0] * (rows // 2))
+        logprobs, _ = response_logprobs(compiled, batch, 0.7)
+        want, _ = response_logprobs(eager, batch, 0.7)
+        torch.testing.assert_close(logprobs, want, rtol=1e-4, atol=1e-4)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs

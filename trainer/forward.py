@@ -60,11 +60,12 @@ def compile_body(model, *, dynamic: bool = False, width_multiple: int = COMPILED
 
     It fuses the body's norms, RoPE, activations and residual adds (1.38x on a 0.5B
     micro-batch of the update on an H200, ``benchmarks/bench_update.py``; about a
-    minute of compilation for its first shape). Shapes are static: with
+    minute of compilation for its first shape). Widths are static: with
     ``dynamic=True`` the compilation outlasted the 150 s its benchmark was given.
     Instead :func:`response_hidden` pads every row width to ``width_multiple`` (the
-    padding trails, so causal attention keeps it out of every real token's view),
-    and a run meets only a few shapes, each compiled once.
+    padding trails, so causal attention keeps it out of every real token's view)
+    and leaves only the row count symbolic, which packed micro-batches vary: a run
+    meets a few widths, each compiled once.
     """
     parts = split_head(model)
     if parts is None:
@@ -91,6 +92,10 @@ def response_hidden(body, batch: Batch, *, width_multiple: int = 1) -> torch.Ten
     """(N, H) the body's last hidden states that predict each of the N sampled response tokens
     (row-major over ``batch.response_mask``), from one left-aligned forward."""
     input_ids, starts = left_aligned(batch, width_multiple=width_multiple)
+    if width_multiple > 1:
+        # A compiled body: the row count varies with packing (trainer.packing), so it is left
+        # symbolic; one graph per padded width serves every micro-batch of that width.
+        torch._dynamo.maybe_mark_dynamic(input_ids, 0)
     hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
     keep = batch.response_mask.bool()  # (b, R)
     rows = torch.arange(batch.size, device=keep.device)[:, None].expand_as(keep)
