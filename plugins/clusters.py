@@ -25,8 +25,9 @@ When a cluster is active, cells run as SLURM jobs (``sweep_choose_executor`` ans
 ``slurm``, also for ``--dry-run`` on a machine without ``sbatch``; the core itself only
 answers ``$SWEEP_SLURM=1``), and this plugin answers the SLURM executor's questions for it:
 ``sweep_job_resources`` with the active cluster's ``job_pieces``,
-``sweep_job_concurrency_cap`` with its ``max_running``, and ``sweep_job_sbatch_options``
-with the CPUs that go with the GPUs.
+``sweep_job_concurrency_cap`` with its ``max_running`` as a cap per user and cluster
+(:class:`~sweepkit.run.executors.cluster_cap.ClusterCap`, counted across every runs dir),
+and ``sweep_job_sbatch_options`` with the CPUs that go with the GPUs.
 
 The launch keys every cluster reads (node count, the GPU budget, a container and a venv)
 are registered here, once, so a grid that sets them loads whatever cluster is active. What
@@ -47,6 +48,7 @@ import attrs
 
 from sweepkit.errors import UsageError
 from sweepkit.hookspec import hookimpl
+from sweepkit.run.executors.cluster_cap import ClusterCap, pattern_problem
 from sweepkit.run.executors.resources import JobResources
 from sweepkit.state.records import cell_dir as cell_dir_of
 from sweepkit_plugins.cluster_offline import offline_problems  # noqa: F401 (re-exported)
@@ -86,6 +88,12 @@ def _tuple(value) -> tuple:
     return tuple(value)
 
 
+def _job_name_pattern(instance, attribute, value) -> None:
+    problem = pattern_problem(value)
+    if problem:
+        raise ValueError(f"ClusterProfile.{attribute.name}: {problem}")
+
+
 # -- the values a cluster plugin registers ---------------------------------------------
 
 
@@ -103,7 +111,10 @@ class ClusterProfile:
     """The facts about a cluster that its rules and its job scripts depend on.
 
     ``hostname_patterns``: fnmatch patterns of the hosts the cluster is detected on;
-    ``max_running``: how many cells may run on the cluster at once (None: no cap);
+    ``max_running``: how many cells one user may run on the cluster at once, from any runs
+    dir (None: no cap); ``foreign_job_pattern``: a regular expression searched in the names
+    of the user's jobs launched outside sweepkit, which then take slots of that cap too
+    (None: only sweepkit's jobs count; ``--cap-count-pattern`` sets it for one run);
     ``max_time_limit``: the longest wall a job gets (longer cells chain with
     ``max_restarts``); ``default_time_limit``: the wall of a cell that sets none;
     ``cpus_per_gpu``: CPU cores a job gets per GPU it asks for (None: SLURM's default,
@@ -117,6 +128,7 @@ class ClusterProfile:
     accelerator: str
     hostname_patterns: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     max_running: Optional[int] = None
+    foreign_job_pattern: Optional[str] = attrs.field(default=None, validator=_job_name_pattern)
     max_time_limit: str
     default_time_limit: str
     cpus_per_gpu: Optional[int] = None
@@ -268,17 +280,20 @@ def sweep_choose_executor(session):
     return "slurm" if active_cluster(session) else None
 
 
-def concurrency_cap(session) -> int | None:
-    """How many cells may run at once on the active cluster (None: no cap).
+def concurrency_cap(session) -> ClusterCap | None:
+    """How many cells the user may run at once on the active cluster (None: no cap).
 
-    The SLURM executor keeps at most this many of the runs dir's jobs in the queue
-    (:mod:`sweepkit.run.executors.slurm_jobs`, under its submit lock). A pending job counts:
-    SLURM starts it without asking anyone, so the cap on running cells holds only if no
-    more are queued. A chain counts once, however many of its links wait on a dependency
-    (those are the seed's "pending restart links", which do not count).
+    The SLURM executor keeps at most this many of the user's jobs in the cluster's queue,
+    sweepkit's from every runs dir and the foreign ones ``foreign_job_pattern`` names
+    (:mod:`sweepkit.run.executors.cluster_cap`, under a per-user lock of the cluster). A
+    pending job counts: SLURM starts it without asking anyone, so the cap on running cells
+    holds only if no more are queued. A chain counts once: a link waiting on the link
+    before it does not (the seed's "pending restart links", which do not count).
     """
     profile = active_profile(session)
-    return profile.max_running if profile else None
+    if profile is None or profile.max_running is None:
+        return None
+    return ClusterCap(limit=profile.max_running, cluster=profile.name, foreign_job_pattern=profile.foreign_job_pattern)
 
 
 @hookimpl

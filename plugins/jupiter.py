@@ -17,9 +17,13 @@ Rules, each refused before anything is submitted:
   (:func:`hydra_overrides`); a bare top-level key, which Hydra rejects against the
   struct config, is refused.
 
-At most 6 cells run on the cluster at once (``CLUSTER.max_running``, read by the SLURM
-executor through :func:`sweepkit_plugins.clusters.concurrency_cap`): a job array of
-equal cells carries ``%6``. The cluster (:data:`CLUSTER`, :func:`job_pieces`) is
+At most 6 cells of a user run on the cluster at once, from all of the user's runs dirs
+(``CLUSTER.max_running``, read by the SLURM executor through
+:func:`sweepkit_plugins.clusters.concurrency_cap`; the seeds' "Daytona RL concurrency <= 6
+RUNNING per cluster, pending restart links don't count"): a job array of equal cells
+carries at most ``%6``. RL jobs launched outside sweepkit (the seeds' ``hpc.launch``)
+are named by their ``--job_name``, which follows no fixed pattern, so none are counted
+unless a run names them: ``sweep run --cap-count-pattern REGEX``. The cluster (:data:`CLUSTER`, :func:`job_pieces`) is
 registered through ``sweep_register_clusters``.
 
 Everything person-specific comes from the environment; the values in the docs are examples:
@@ -54,6 +58,7 @@ CLUSTER = clusters.ClusterProfile(
     accelerator="GH200-96GB",
     hostname_patterns=("jpbo-*", "*.jupiter.internal"),
     max_running=6,
+    foreign_job_pattern=None,  # hpc.launch's job names follow no pattern: --cap-count-pattern per run
     max_time_limit="11:59:00",
     default_time_limit="11:59:00",
     cpus_per_gpu=72,

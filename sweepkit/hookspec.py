@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sweepkit.grid.cell import Cell, Target
+    from sweepkit.run.executors.cluster_cap import ClusterCap
     from sweepkit.run.executors.resources import JobResources
 
     # The session object every hook gets: sweepkit.session.Session (not imported here, which
@@ -316,9 +317,9 @@ def sweep_watch_cell(cell: "Cell", records: "list[dict]") -> "str | None":
     metrics each logged, NaN kept), in step order; called as new ones arrive. A guard that
     needs more than the records (the runs dir) is a plugin object bound to the session at
     :func:`sweep_configure`, as ``sweepkit_plugins.guards``' ``ceiling_probe`` is. The
-    runner stops a cell a guard names the way ``sweep cancel`` does (the trainer checkpoints its last step) and records the
-    attempt failed with failure class ``GUARD`` and the reason. A guard only stops: it
-    never changes a cell's settings (a series must keep its hyper-parameters).
+    runner stops a cell a guard names the way ``sweep cancel`` does (the trainer
+    checkpoints its last step) and records the attempt failed with failure class ``GUARD``
+    and the reason. A guard only stops: it never changes a cell's settings (a series must keep its hyper-parameters).
     """
 
 
@@ -395,7 +396,14 @@ def sweep_cell_gpus(cell: "Cell", session: "Session") -> "int | None":
 
 
 @hookspec(firstresult=True)
-def sweep_job_concurrency_cap(session: "Session") -> "int | None":
-    """How many cells of this runs dir may be in a cluster's queue at once (the seeds'
-    "at most 6 RL jobs running"); first answer wins, None for no cap. ``--max-parallel``
-    overrides it. Pending jobs count, a chain counts once, an array counts its ``%N``."""
+def sweep_job_concurrency_cap(session: "Session") -> "int | ClusterCap | None":
+    """How many cells may be in a cluster's queue at once; first answer wins, None for no
+    cap. Pending jobs count, a chain counts once, an array counts its ``%N``.
+
+    :return: a number: a cap on this runs dir's jobs, which ``--max-parallel`` overrides;
+        or a :class:`sweepkit.run.executors.cluster_cap.ClusterCap` (the clusters plugin's,
+        from ``ClusterProfile.max_running``: the seeds' "at most 6 RL jobs running" per
+        user and cluster): a cap on the user's jobs on the cluster from every runs dir,
+        and on foreign jobs its ``foreign_job_pattern`` names, which holds beside any
+        ``--max-parallel``.
+    """

@@ -13,6 +13,7 @@ import pytest
 
 from sweepkit import hookimpl, plugin
 from sweepkit.errors import UsageError
+from sweepkit.run.executors.cluster_cap import ClusterCap
 from sweepkit.run.executors.resources import JobResources
 from sweepkit_plugins import clusters, jupiter, leonardo
 from test_cluster_scripts import CLEARED
@@ -107,7 +108,7 @@ def test_the_hostname_picks_a_registered_cluster_and_the_others_plugins_go(sweep
     assert session.pm.get_plugin("acme_detected") is not None
     assert not session.pm.is_registered(leonardo) and not session.pm.is_registered(jupiter)
     assert session.hook.sweep_choose_executor(session=session) == "slurm"
-    assert session.hook.sweep_job_concurrency_cap(session=session) == 4
+    assert session.hook.sweep_job_concurrency_cap(session=session) == ClusterCap(limit=4, cluster="acme")
     cell = collect(session, [str(sweeper.path / "grids")]).cells[0]
     pieces = session.hook.sweep_job_resources(cell=cell, session=session)
     assert isinstance(pieces, JobResources)

@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from conftest import Sweeper
+from sweepkit.run.executors.cluster_cap import ClusterCap
 from sweepkit_plugins import clusters, jupiter, leonardo
 from test_leonardo import errors_of
 
@@ -84,7 +85,8 @@ def test_job_pieces_of_a_multi_node_cell(sweeper):
     pieces = clusters.job_pieces(cells["base"], session)
     assert (pieces.cluster, pieces.nodes, pieces.time_limit) == ("jupiter", 6, "11:59:00")
     assert "sweep_node_0" in pieces.ray_bringup
-    assert clusters.concurrency_cap(session) == 6
+    # Six of the user's cells on the cluster, from any runs dir; foreign jobs only when a run names them.
+    assert clusters.concurrency_cap(session) == ClusterCap(limit=6, cluster="jupiter")
 
 
 def active_plugins(stdout: str) -> set[str]:

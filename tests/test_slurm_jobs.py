@@ -10,7 +10,7 @@ import time
 from sweepkit.state import files as fs
 from sweepkit.state import records as st
 from sweepkit.state import transitions as tr
-from sweepkit.run.executors import sacct
+from sweepkit.run.executors import sacct, squeue
 from sweepkit.run.executors.slurm_follow import settle_orphans
 from sweepkit.run.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, Submission, job_comment, orphan_slots
 from test_slurm_executor import cluster, on_cluster, wait_for  # noqa: F401 (cluster: a fixture)
@@ -102,7 +102,7 @@ def test_orphans_are_the_runs_dirs_unrecorded_jobs_and_the_driver_of_their_cell_
         assert [entry.job_id for entry in registry.read()] == [recorded, running]
         # (A pending array task cancelled before it started leaves no record in sacct.)
         wait_for("the cancelled orphans to leave the queue", lambda: {
-            job_id for row in sacct.listed() for job_id in row.ids if sacct.array_id(job_id) in ids} == {
+            job_id for row in squeue.user_queue() for job_id in row.ids if sacct.array_id(job_id) in ids} == {
             recorded, f"{array}_1", f"{array}_2", elsewhere, running})
         assert {orphan.job_id for orphan in registry.orphans()} == {f"{array}_1", f"{array}_2"}  # d, e: not its
     finally:

@@ -42,6 +42,8 @@ def dry_run(session, plans, jobs, executor: Executor) -> int:
     scripts = executor.render_dry_run(list(jobs.values()))
     for path in scripts:
         console.print(f"job script: {session.display_path(path)}", markup=False)
+    for note in executor.cap_notes():
+        console.print(note, markup=False)
     written = (f"nothing was started; {len(scripts)} job script(s) written" if scripts
                else "nothing was started or written")
     console.print(f"dry run: would run {counts[pl.FRESH]} fresh, resume {counts[pl.RESUME]}, skip {counts[pl.SKIP]}, "

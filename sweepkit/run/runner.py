@@ -53,7 +53,8 @@ ABANDONED_AFTER_S = 30.0
 def sweep_addoption(parser):
     parser.addoption("--max-parallel", commands=("run",), type=int, default=None, metavar="N",
                      help="run at most N cells at once (local executor; default: one per GPU, "
-                          "one without GPUs; slurm: the concurrency cap over the runs dir's queued jobs)")
+                          "one without GPUs; slurm: the cap over this runs dir's queued jobs, beside a "
+                          "cluster's cap over the user's)")
 
 
 @hookimpl

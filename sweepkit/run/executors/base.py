@@ -64,6 +64,11 @@ class Executor(abc.ABC):
         return the paths written; nothing is submitted."""
         return []
 
+    def cap_notes(self) -> list[str]:
+        """``--dry-run``: lines saying which cap on running cells applies and who takes its
+        slots now (a cluster executor reads its queue); nothing is written. Empty by default."""
+        return []
+
     def check(self, job: CellJob) -> str | None:
         """An error message when ``job`` can never run here (asks for more GPUs than the
         machine has), else None. Called before anything runs."""

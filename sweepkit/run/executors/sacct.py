@@ -10,12 +10,13 @@ are expanded.
 
 Job ids are strings: ``123`` (a job), ``123_4`` (a task of an array), and a cell's chain
 is stored as its jobs' ids joined with commas (``123,124,125``, head first).
+
+The user's whole queue, as the controller lists it (for orphans and the cap across runs
+dirs), is :mod:`sweepkit.run.executors.squeue`.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -61,7 +62,7 @@ def array_id(job_id: str) -> str:
     return job_id.split("_", 1)[0]
 
 
-def _expand(job_id_field: str) -> list[str]:
+def expand_ids(job_id_field: str) -> list[str]:
     """``11_[1-3%1]`` -> ``11_1, 11_2, 11_3``; ``11_0`` and ``12`` stay as they are."""
     if "_[" not in job_id_field:
         return [job_id_field]
@@ -82,14 +83,14 @@ def query(job_ids: Iterable[str | None]) -> dict[str, JobRecord]:
     if not wanted:
         return {}
     masters = sorted({array_id(job_id) for job_id in wanted}, key=lambda value: int(value) if value.isdigit() else 0)
-    answer = _ask(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Reason", "-j", ",".join(masters)])
+    answer = ask(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Reason", "-j", ",".join(masters)])
     records: dict[str, JobRecord] = {}
     for line in answer.splitlines():
         fields = line.split("|")
         if len(fields) < 4 or not fields[0]:
             continue
         state = fields[1].split()[0] if fields[1].strip() else "UNKNOWN"
-        for job_id in _expand(fields[0]):
+        for job_id in expand_ids(fields[0]):
             # A requeued job has several rows; the last one is the current run.
             records[job_id] = JobRecord(job_id=job_id, state=state, exit_code=fields[2], reason=fields[3])
     wanted_set = set(wanted)
@@ -115,36 +116,8 @@ def in_queue(job_ids: Iterable[str | None]) -> set[str] | None:
     if answer.returncode != 0:
         # squeue exits 1 for ids it no longer knows; the controller being away says so on stderr.
         return set() if "Invalid job id" in answer.stderr else None
-    listed = {job_id for line in answer.stdout.split() for job_id in _expand(line.strip())}
+    listed = {job_id for line in answer.stdout.split() for job_id in expand_ids(line.strip())}
     return {job_id for job_id in wanted if job_id in listed or array_id(job_id) in listed}
-
-
-@attrs.frozen
-class Listed:
-    """One row of ``squeue``: a job, a running array task, or the not-started tasks of an
-    array in one row (``ids`` has them all; ``parallelism`` is its ``%N``)."""
-
-    ids: tuple[str, ...]
-    state: str
-    reason: str
-    comment: str
-    parallelism: int | None = None
-
-
-def listed() -> list[Listed]:
-    """This user's jobs that ``squeue`` lists (the controller's view: a job is there the
-    moment sbatch returns). Raises :class:`SlurmUnavailable` when the controller cannot be asked."""
-    answer = _ask(["squeue", "-h", "-u", str(os.getuid()), "-o", "%i|%T|%r|%k"])
-    rows = []
-    for line in answer.splitlines():
-        fields = line.split("|", 3)
-        if len(fields) < 4 or not fields[0]:
-            continue
-        parallelism = re.search(r"%(\d+)\]$", fields[0])
-        rows.append(Listed(ids=tuple(_expand(fields[0])), state=fields[1].split()[0] if fields[1] else "",
-                           reason=fields[2], comment=fields[3],
-                           parallelism=int(parallelism[1]) if parallelism else None))
-    return rows
 
 
 def cancel(job_ids: Iterable[str | None]) -> list[str]:
@@ -156,7 +129,7 @@ def cancel(job_ids: Iterable[str | None]) -> list[str]:
     return ids
 
 
-def _ask(command: list[str]) -> str:
+def ask(command: list[str]) -> str:
     """The standard output of a SLURM query; :class:`SlurmUnavailable` when it cannot be asked."""
     tool = command[0]
     if shutil.which(tool) is None:

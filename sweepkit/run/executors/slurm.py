@@ -6,12 +6,20 @@ what is recovered from a killed driver, :mod:`sweepkit.run.executors.slurm_follo
 cell's cluster resources (``sweep_job_resources``) are asked once, as its job is bound,
 and kept for everything derived from them.
 
-The cap (``--max-parallel N``, else the ``sweep_job_concurrency_cap`` hook, else none)
-is counted over every job this runs dir has in the queue, under the runs dir's submit
-lock (:mod:`sweepkit.run.executors.slurm_jobs`): :meth:`take` acquires the lock when it hands
-out cells and :meth:`submit` releases it once they are queued; in between, the runner
-checks each cell's state again, so that a cell another driver took or finished meanwhile
-is not submitted. Every job's comment names its runs dir and cells: a job that a driver
+Two caps, each held when it is set (the free slots are the fewer of the two):
+
+- the sweep's, ``--max-parallel N`` (else a plain number the ``sweep_job_concurrency_cap``
+  hook answers), is counted over every job this runs dir has in the queue, under the runs
+  dir's submit lock (:mod:`sweepkit.run.executors.slurm_jobs`): it bounds this runs dir only;
+- the cluster's, a :class:`~sweepkit.run.executors.cluster_cap.ClusterCap` the hook answers
+  (the clusters plugin, from the active cluster's ``max_running``), is counted over the
+  user's whole queue on the cluster, every runs dir's sweepkit jobs and the foreign jobs
+  its pattern (or ``--cap-count-pattern``) names, under a per-user lock of that cluster.
+
+:meth:`take` acquires the locks (the runs dir's first) when it hands out cells and
+:meth:`submit` releases them once they are queued; in between, the runner checks each
+cell's state again, so that a cell another driver took or finished meanwhile is not
+submitted. Every job's comment names its runs dir and cells: a job that a driver
 killed between sbatch and recording it left in the queue is counted too, and cancelled by
 the next driver that runs its cell (adopted, if it runs the cell already); the driver says
 so (:meth:`SlurmExecutor.events`), as it does of a cell's earlier jobs it cancels before
@@ -42,9 +50,10 @@ import attrs
 from sweepkit.errors import UsageError
 from sweepkit.hookspec import hookimpl
 from sweepkit.run import failures
-from sweepkit.run.executors import sacct
+from sweepkit.run.executors import sacct, squeue
 from sweepkit.run.executors import sbatch as sb
 from sweepkit.run.executors.base import DONE, QUEUED, RUNNING, Executor, Handle
+from sweepkit.run.executors.cluster_cap import CapLock, ClusterCap, QueueCount, count_slots, describe, pattern_problem
 from sweepkit.run.executors.resources import JobResources
 from sweepkit.run.executors.slurm_follow import JobStates, failure_classes, let_go, settle_orphans
 from sweepkit.run.executors.slurm_jobs import ARRAY, Registry, Submission, job_comment, orphan_slots
@@ -68,10 +77,12 @@ class SlurmExecutor(Executor):
     name = "slurm"
     jobs_outlive_driver = True
 
-    def __init__(self, session, cap: int | None):
+    def __init__(self, session, cap: int | None, cluster_cap: ClusterCap | None = None):
         self.session = session
-        self.cap = cap
+        self.cap = cap  # the sweep's, over this runs dir's jobs
+        self.cluster_cap = cluster_cap  # the cluster's, over the user's queue
         self.registry = Registry(session.runs_dir)
+        self.cap_lock = CapLock(cluster_cap.cluster) if cluster_cap is not None else None
         self.states = JobStates()
         self._resources: dict[str, JobResources | None] = {}  # by node id: asked once per cell
         self._requests: dict[str, sb.JobRequest] = {}
@@ -79,11 +90,13 @@ class SlurmExecutor(Executor):
         self._parallelism: dict[tuple, int | None] = {}
         self._events: list[tuple[str, str, str]] = []
         self._cap_checked = 0.0
+        self._cap_said: QueueCount | None = None
         self._interpreter_checked = False
 
     @property
     def max_parallel(self) -> int | None:
-        return self.cap
+        caps = [cap for cap in (self.cap, self.cluster_cap.limit if self.cluster_cap else None) if cap is not None]
+        return min(caps) if caps else None
 
     def resources(self, cell) -> JobResources | None:
         """The cell's cluster resources (``sweep_job_resources``), asked once per cell."""
@@ -134,15 +147,15 @@ class SlurmExecutor(Executor):
             return []  # the driver polls every 0.2 s; the queue is counted far less often
         self._cap_checked = time.time()
         units = units_of(pending, self._requests)
-        # Held until submit: the runner decides once more under it whether each cell is still
+        # Held until submit: the runner decides once more under them whether each cell is still
         # this driver's to submit, and nobody else submits in between.
-        self.registry.acquire()
+        self._lock()
         try:
             settled = settle_orphans(self.registry, set(self._cells))
             self._say_cancelled(settled.cancelled)
-            free = None if self.cap is None else self.cap - self.registry.slots_used() - orphan_slots(settled.orphans)
+            free = self._free_slots(settled.orphans)
         except sacct.SlurmUnavailable:
-            free = None if self.cap is None else 0  # cannot count: wait rather than overrun the cap
+            free = None if self.max_parallel is None else 0  # cannot count: wait rather than overrun a cap
         taken: list[CellJob] = []
         for unit in units:
             if free is None:  # no cap
@@ -158,8 +171,39 @@ class SlurmExecutor(Executor):
             self._parallelism[self._unit_key(unit)] = parallelism
             taken += unit.jobs
         if not taken:
-            self.registry.release()
+            self._unlock()
         return taken
+
+    def _lock(self) -> None:
+        """The runs dir's submit lock, then the cluster cap's: always in this order."""
+        self.registry.acquire()
+        if self.cap_lock is not None:
+            self.cap_lock.acquire()
+
+    def _unlock(self) -> None:
+        if self.cap_lock is not None:
+            self.cap_lock.release()
+        self.registry.release()
+
+    def _free_slots(self, orphans) -> int | None:
+        """The slots both caps leave free (None: no cap), counted under the locks. Raises
+        ``sacct.SlurmUnavailable``."""
+        free = None
+        if self.cap is not None:
+            free = self.cap - self.registry.slots_used() - orphan_slots(orphans)
+        if self.cluster_cap is not None:
+            count = count_slots(squeue.user_queue(), self.session.runs_dir, self.cluster_cap.foreign_job_pattern)
+            self._say_waiting(count)
+            cluster_free = self.cluster_cap.limit - count.total
+            free = cluster_free if free is None else min(free, cluster_free)
+        return free
+
+    def _say_waiting(self, count: QueueCount) -> None:
+        """Once per count that differs: the cluster's cap is full, and not only with this runs dir's jobs."""
+        full = count.total >= self.cluster_cap.limit and count.total > count.this_runs_dir
+        if full and count != self._cap_said:
+            self._events.append(("waiting", "run", describe(self.cluster_cap, count)))
+        self._cap_said = count if full else None
 
     def _say_cancelled(self, orphans) -> None:
         for orphan in orphans:
@@ -176,17 +220,18 @@ class SlurmExecutor(Executor):
 
     def submit(self, jobs: Sequence[CellJob]) -> list[Handle]:
         handles: dict[str, Handle] = {}
+        capped = self.max_parallel is not None
+        self._lock()
         try:
-            with self.registry.locked_section():
-                self._cancel_previous(jobs)
-                for unit in units_of(jobs, self._requests):
-                    parallelism = self._parallelism.get(self._unit_key(unit), None if self.cap is None else 1)
-                    ids = submit_unit(unit, self._commented(unit), parallelism)
-                    self._register(unit, ids, parallelism)
-                    for job, job_id in zip(unit.jobs, ids):
-                        handles[job.token] = Handle(executor=self.name, job_id=job_id, cell=job)
+            self._cancel_previous(jobs)
+            for unit in units_of(jobs, self._requests):
+                parallelism = self._parallelism.get(self._unit_key(unit), 1 if capped else None)
+                ids = submit_unit(unit, self._commented(unit), parallelism)
+                self._register(unit, ids, parallelism)
+                for job, job_id in zip(unit.jobs, ids):
+                    handles[job.token] = Handle(executor=self.name, job_id=job_id, cell=job)
         finally:
-            self.registry.release()
+            self._unlock()
         now = time.time()
         for handle in handles.values():
             self.states.watch(handle.job_id, now)
@@ -266,14 +311,37 @@ class SlurmExecutor(Executor):
         sacct.cancel([handle.job_id])
 
     def close(self) -> None:
-        self.registry.release()
+        self._unlock()
 
     # -- dry run -------------------------------------------------------------------------------
 
     def render_dry_run(self, jobs: Sequence[CellJob]) -> list[Path]:
         """Write the job scripts ``submit`` would send to ``<runs>/.dry-run/<grid>/``."""
         units = units_of([job for job in jobs if job.token in self._requests], self._requests)
-        return render_dry_run(units, [self._commented(unit) for unit in units], self.session.runs_dir, self.cap)
+        return render_dry_run(units, [self._commented(unit) for unit in units], self.session.runs_dir,
+                              self.max_parallel)
+
+    def cap_notes(self) -> list[str]:
+        """Which caps apply and who takes their slots now, read from the queue (nothing written)."""
+        if self.max_parallel is None:
+            return ["cap: none, every cell is queued at once (no --max-parallel, no cluster cap)"]
+        try:
+            rows, problem = squeue.user_queue(), None
+        except sacct.SlurmUnavailable as error:
+            rows, problem = None, str(error)
+        notes = []
+        if self.cap is not None:
+            where = "--max-parallel" if getattr(self.session.options, "max_parallel", None) is not None \
+                else "sweep_job_concurrency_cap"
+            text = f"cap: {self.cap} cell(s) of this runs dir at once ({where}; other runs dirs are not counted)"
+            taken = None if rows is None else count_slots(rows, self.session.runs_dir).this_runs_dir
+            notes.append(f"{text}; the queue cannot be read now ({problem})" if rows is None
+                         else f"{text}; taken: {taken}, {max(0, self.cap - taken)} free")
+        if self.cluster_cap is not None:
+            count = None if rows is None else count_slots(rows, self.session.runs_dir,
+                                                          self.cluster_cap.foreign_job_pattern)
+            notes.append(describe(self.cluster_cap, count, problem))
+        return notes
 
 
 # -- plugin hooks -----------------------------------------------------------------------------
@@ -296,14 +364,51 @@ def sweep_validate_cell(cell, session):
     return []
 
 
+COUNT_PATTERN_OPTION = "--cap-count-pattern"
+
+
+@hookimpl
+def sweep_addoption(parser):
+    parser.addoption(COUNT_PATTERN_OPTION, commands=("run",), dest="cap_count_pattern", default=None,
+                     metavar="REGEX", help="slurm: the user's jobs launched outside sweepkit whose name this "
+                     "regular expression matches take slots of the cluster's cap too (default: the "
+                     "cluster's foreign_job_pattern)")
+
+
+def caps(session) -> tuple[int | None, ClusterCap | None]:
+    """The sweep's cap over this runs dir and the cluster's over the user's queue (see the module)."""
+    options = session.options
+    answer = session.hook.sweep_job_concurrency_cap(session=session)
+    if answer is not None and not isinstance(answer, ClusterCap) and (isinstance(answer, bool) or
+                                                                      not isinstance(answer, int) or answer < 1):
+        raise UsageError(f"sweep_job_concurrency_cap answered {answer!r}: expected a number of cells of at least 1, "
+                         "a sweepkit.run.executors.cluster_cap.ClusterCap, or None")
+    cap = getattr(options, "max_parallel", None)
+    if cap is None and isinstance(answer, int):
+        cap = answer
+    cluster_cap = answer if isinstance(answer, ClusterCap) else None
+    pattern = getattr(options, "cap_count_pattern", None)
+    if pattern is not None:
+        problem = pattern_problem(pattern)
+        if problem:
+            raise UsageError(f"{COUNT_PATTERN_OPTION} {problem}")
+        if cluster_cap is None:
+            raise UsageError(f"{COUNT_PATTERN_OPTION}: no cluster cap applies to this run (a cluster plugin's "
+                             "max_running, e.g. --cluster jupiter), so there is nothing to count foreign jobs against")
+        cluster_cap = attrs.evolve(cluster_cap, foreign_job_pattern=pattern)
+    return cap, cluster_cap
+
+
 def _make(session) -> SlurmExecutor:
-    if shutil.which("sbatch") is None and not getattr(session.options, "dry_run", False):
+    dry_run = getattr(session.options, "dry_run", False)
+    if shutil.which("sbatch") is None and not dry_run:
         raise UsageError("--executor slurm: sbatch is not on PATH (is this a SLURM login node? "
                          "for a local cluster run scripts/local-slurm start)")
-    cap = getattr(session.options, "max_parallel", None)
-    if cap is None:
-        cap = session.hook.sweep_job_concurrency_cap(session=session)
-    return SlurmExecutor(session, cap)
+    executor = SlurmExecutor(session, *caps(session))
+    if executor.cap_lock is not None and not dry_run:
+        executor.cap_lock.acquire()  # a lock that cannot be taken is said now, before anything is submitted
+        executor.cap_lock.release()
+    return executor
 
 
 @hookimpl

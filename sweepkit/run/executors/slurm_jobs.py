@@ -12,26 +12,29 @@ they start without asking anyone, so a cap on running jobs can only hold if jobs
 never queued beyond it.
 
 Every job carries the comment ``sweepkit cells <grid>/<cell>,... in <runs dir>``
-(:func:`job_comment`; an array's cells in task order). A job in the queue with this runs
-dir's comment that no line records is an orphan (:meth:`Registry.orphans`): its driver
-died between sbatch and recording it (the file is only appended under the lock, so no
-live driver has one). Orphans take slots as recorded jobs do.
+(:func:`job_comment`; an array's cells in task order). Its opening words,
+:data:`COMMENT_TAG`, mark a job as sweepkit's for any reader of the queue (the cap across
+runs dirs, :mod:`sweepkit.run.executors.cluster_cap`, counts the user's jobs that carry
+it); they stay as they are, so the jobs an earlier sweepkit queued are still known. A job
+in the queue with this runs dir's comment that no line records is an orphan
+(:meth:`Registry.orphans`): its driver died between sbatch and recording it (the file is
+only appended under the lock, so no live driver has one). Orphans take slots as recorded
+jobs do.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
-from sweepkit.run.executors import sacct
+from sweepkit.run.executors import sacct, squeue
 
 SLURM_DIR = ".slurm"
 REGISTRY_FILE = "jobs.jsonl"
@@ -39,22 +42,31 @@ LOCK_FILE = "submit.lock"
 # sacct learns of a job a moment after sbatch returns: until then an unknown job is alive.
 UNKNOWN_GRACE_S = 120.0
 JOB, CHAIN, ARRAY = "job", "chain", "array"
-_COMMENT = re.compile(r"(?:^|; )sweepkit cells (\S+) in (.+)$")
+#: What a sweepkit job's comment says first (after a cell's own comment, ``; `` between).
+COMMENT_TAG = "sweepkit cells"
+_COMMENT = re.compile(rf"(?:^|; ){COMMENT_TAG} (\S+) in (.+)$")
 
 
 def job_comment(runs_dir: Path, cell_dirs) -> str:
     """The comment of a job that runs these cells (an array's in task order) of ``runs_dir``."""
     cells = ",".join(f"{Path(directory).parent.name}/{Path(directory).name}" for directory in cell_dirs)
-    return f"sweepkit cells {cells} in {Path(runs_dir).resolve()}"
+    return f"{COMMENT_TAG} {cells} in {Path(runs_dir).resolve()}"
+
+
+def parse_comment(comment: str) -> tuple[str, list[str]] | None:
+    """``(runs dir, ["<grid>/<cell>", ...])`` of a sweepkit job's comment; None for a job
+    that is not sweepkit's."""
+    found = _COMMENT.search(comment or "")
+    return None if found is None else (found[2], found[1].split(","))
 
 
 def comment_cells(comment: str, runs_dir: Path) -> list[Path] | None:
     """The cell dirs a job's comment names, or None for a job that is not this runs dir's."""
-    found = _COMMENT.search(comment or "")
+    found = parse_comment(comment)
     runs_dir = Path(runs_dir).resolve()
-    if found is None or found[2] != str(runs_dir):
+    if found is None or found[0] != str(runs_dir):
         return None
-    return [runs_dir / cell for cell in found[1].split(",")]
+    return [runs_dir / cell for cell in found[1]]
 
 
 @attrs.frozen
@@ -128,20 +140,6 @@ class Registry:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    @property
-    def locked(self) -> bool:
-        return self._lock_fd is not None
-
-    @contextlib.contextmanager
-    def locked_section(self) -> Iterator[None]:
-        held = self.locked
-        self.acquire()
-        try:
-            yield
-        finally:
-            if not held:
-                self.release()
-
     # -- entries -------------------------------------------------------------------------
 
     def read(self) -> list[Submission]:
@@ -208,7 +206,7 @@ class Registry:
         for entry in self.read():
             recorded |= {entry.job_id, *entry.task_ids(), *sacct.split_ids(cell["job_id"] for cell in entry.cells)}
         found = []
-        for row in sacct.listed():
+        for row in squeue.user_queue():
             cells = comment_cells(row.comment, self.runs_dir)
             if cells is None:
                 continue
