@@ -50,6 +50,7 @@ from pathlib import Path
 
 import attrs
 
+from sweepkit.errors import UsageError
 from sweepkit.hookspec import hookimpl
 from sweepkit.run.executors.resources import JobResources
 from sweepkit_plugins import ckpt_guard, cluster_offline, cluster_pieces, clusters, ray_cluster
@@ -279,3 +280,21 @@ def sweep_cell_env(cell, session):
 @hookimpl
 def sweep_register_clusters(register):
     register(clusters.Cluster(profile=CLUSTER, job_pieces=job_pieces))
+
+
+EXPORT_SUBDIR = "sweepkit-exports"
+
+
+def export_dir(environ: Mapping[str, str]) -> Path:
+    """Where ``sweep export`` writes on Leonardo: ``$WORK/sweepkit-exports``, never a scratch
+    (``$CINECA_SCRATCH`` and ``$SCRATCH_FAST`` are purged and quota'd); a UsageError without $WORK."""
+    work = environ.get("WORK")
+    if not work:
+        raise UsageError("WORK is not set: on Leonardo sweep export writes under $WORK/sweepkit-exports (never a "
+                         "scratch); export WORK=/leonardo_work/<ACCOUNT>/<user>, or pass --to DIR")
+    return Path(work) / EXPORT_SUBDIR
+
+
+@hookimpl
+def sweep_export_dir(session):
+    return export_dir(os.environ)

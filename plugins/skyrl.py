@@ -51,7 +51,7 @@ from typing import Any, Literal
 import attrs
 
 from sweepkit.hookspec import hookimpl
-from sweepkit_plugins import ckpt_guard, skyrl_schema
+from sweepkit_plugins import ckpt_guard, skyrl_export, skyrl_schema
 from sweepkit_plugins.skyrl_schema import FORK, LAYOUTS, UPSTREAM, Layout
 
 ENTRY_POINT = "skyrl_train.entrypoints.main_base"
@@ -354,3 +354,12 @@ def sweep_cell_env(cell, session):
 @hookimpl
 def sweep_cell_args(cell, resume, session):
     return hydra_overrides(cell, resume=resume)
+
+
+@hookimpl
+def sweep_export_checkpoint(cell, step_dir, to, session):
+    """A SkyRL cell's checkpoint: a copy of the HF-format model SkyRL wrote for it, or a
+    UsageError for FSDP shards (:mod:`sweepkit_plugins.skyrl_export`)."""
+    if not targets_skyrl(cell):
+        return None
+    return skyrl_export.export_skyrl_step(cell, step_dir, to)

@@ -44,13 +44,17 @@ dependencies but no hub access (a benchmark machine, a cluster's GPU node):
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from sweepkit import hookimpl
 from sweepkit_plugins.cluster_offline import warn
 from sweepkit.run.executors.warm import WarmTarget
-from sweepkit.state.records import CKPT_DIR, cell_dir
+from sweepkit.errors import UsageError
+from sweepkit.state.records import CKPT_DIR, METRICS_FILE, cell_dir
 from trainer.config import ConfigError, TrainerConfig, check_type, schema
 from trainer.data import MATH_NAMES
 from trainer.shapes import RANDOM_PREFIX, TINY_MODEL
@@ -96,6 +100,8 @@ VLLM_UNRUN = ("backend='vllm' runs an engine no tested machine has run (vllm is 
               "backend='auto' (the static engine for the models it knows) is the measured one, "
               "benchmarks/RESULTS.md")
 NOT_CHECKPOINTS = frozenset({"run_info.json", "reference.safetensors", "export"})
+# What makes a checkpoint dir one of the trainer's, which trainer.export can convert.
+EXPORT_NEEDS = ("trainer_state.json", "model.safetensors")
 WRITING_PREFIX = ".tmp-"
 
 
@@ -257,6 +263,40 @@ def sweep_cell_checkpoints(cell, directory, session):
         return []
     return sorted(entry for entry in own.iterdir()
                   if entry.name not in NOT_CHECKPOINTS and not entry.name.startswith(WRITING_PREFIX))
+
+
+@hookimpl
+def sweep_export_checkpoint(cell, step_dir, to, session):
+    """A checkpoint the trainer wrote (``trainer_state.json`` and ``model.safetensors`` in it),
+    whatever the cell's target, converted by ``python -m trainer.export`` in a process of its
+    own (sweepkit never imports torch), in the run's compute dtype (its ``info`` record's)."""
+    step_dir = Path(step_dir)
+    if not all((step_dir / name).is_file() for name in EXPORT_NEEDS):
+        return None
+    argv = [sys.executable, "-m", "trainer.export", str(step_dir), "--to", str(to)]
+    dtype = _run_info(cell_dir(session.runs_dir, cell)).get("dtype")
+    if dtype in ("float32", "bfloat16"):
+        argv += ["--dtype", dtype]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-20:]
+        raise UsageError(f"{cell.nodeid}: python -m trainer.export {step_dir} failed (exit {done.returncode}); "
+                         "nothing was written for it", *said)
+    return sorted(path for path in Path(to).rglob("*") if path.is_file())
+
+
+def _run_info(directory: Path) -> dict:
+    """The first ``info`` record of a cell's ``metrics.jsonl`` (the run's device and dtype), or {}."""
+    try:
+        with open(directory / METRICS_FILE) as handle:
+            for line in handle:
+                if '"info"' in line:
+                    record = json.loads(line)
+                    if isinstance(record, dict) and record.get("kind") == "info":
+                        return record
+    except (OSError, ValueError):
+        pass
+    return {}
 
 
 @hookimpl

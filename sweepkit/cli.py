@@ -17,6 +17,7 @@ from pathlib import Path
 from sweepkit import commands, plugin
 from sweepkit.errors import ExitCode, UsageError
 from sweepkit.grid.collect import DEFAULT_GRID_DIR, split_arg
+from sweepkit.report.health import STALL_FACTOR, STALL_MIN_S
 from sweepkit.session import Session, make_console
 
 
@@ -57,10 +58,24 @@ class OptionParser:
             self._subparsers[name].add_argument(*flags, **kwargs)
 
 
-def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+class _RunsDirs(argparse.Action):
+    """``sweep status --runs-dir``, repeatable: every one in ``runs_dirs``, the last also in
+    ``runs_dir`` (the session's runs dir, as the option sets it for every other command)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.runs_dir = values
+        namespace.runs_dirs = [*(getattr(namespace, "runs_dirs", None) or []), values]
+
+
+def _global_options(parser: argparse.ArgumentParser, suppress: bool, several_runs_dirs: bool = False) -> None:
     default = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--runs-dir", default=default, metavar="DIR",
-                        help="where run state lives (default: <rootdir>/runs)")
+    if several_runs_dirs:
+        parser.add_argument("--runs-dir", action=_RunsDirs, default=default, metavar="DIR",
+                            help="where run state lives (default: <rootdir>/runs); repeatable, and a glob "
+                                 "('/scratch/*/runs', quoted) names every runs dir it matches")
+    else:
+        parser.add_argument("--runs-dir", default=default, metavar="DIR",
+                            help="where run state lives (default: <rootdir>/runs)")
     parser.add_argument("-p", dest="plugins", action="append", default=default, metavar="MODULE",
                         help="load a plugin module (repeatable); -p no:NAME blocks one")
     parser.add_argument("--rootdir", default=default, metavar="DIR",
@@ -80,9 +95,9 @@ def build_parser(registry=None, parser_class=_Parser):
                   f"(default: {DEFAULT_GRID_DIR}/)")
     subparsers = {}
 
-    def command(name, help):
+    def command(name, help, several_runs_dirs=False):
         p = sub.add_parser(name, help=help, description=help)
-        _global_options(p, suppress=True)
+        _global_options(p, suppress=True, several_runs_dirs=several_runs_dirs)
         subparsers[name] = p
         return p
 
@@ -119,8 +134,9 @@ def build_parser(registry=None, parser_class=_Parser):
     again = run.add_mutually_exclusive_group()
     again.add_argument("--rerun", action="store_true", help="run completed cells again, fresh")
     again.add_argument("--resume", action="store_true", help="continue cells from their latest checkpoint")
-    status = command("status", "state, step and sec/step of each cell, from disk")
+    status = command("status", "state, step, sec/step and health of each cell, from disk", several_runs_dirs=True)
     status.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
+    _health_options(status)
     report = command("report", "throughput and accuracy tables from the runs on disk")
     report.add_argument("paths", nargs="*", metavar="PATH[::CELL]",
                         help="grid files or directories; the tables of a PATH::CELL are its whole grid's")
@@ -158,8 +174,49 @@ def build_parser(registry=None, parser_class=_Parser):
     cancel = command("cancel", "cancel the SLURM jobs (and chains) of cells, whoever submitted them, "
                                "and stop the local sweep run on this machine that runs any of them")
     cancel.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
+    _end_commands(command, paths_help)
     command("plugins", "list active plugins and the hooks each implements")
     return parser, subparsers
+
+
+def _end_commands(command, paths_help: str) -> None:
+    """``sweep export`` and ``sweep clean`` (docs/running.md, sweepkit.end)."""
+    by_help = ("the metric that picks the best checkpoint among the evals at checkpointed steps: a metric of "
+               "metrics.jsonl (eval/pass_at_1, eval/reward_mean) or a report column reading one (pass_at_1); "
+               "default: eval/pass_at_k, higher better (loss-like names: lower)")
+    export = command("export", "write each finished cell's best (or --last, --step N) checkpoint as a Hugging "
+                               "Face model dir with a manifest; uploads nothing")
+    clean = command("clean", "delete the checkpoints of finished cells but the one --keep names; lists them "
+                             "unless --yes")
+    for p in (export, clean):
+        p.add_argument("paths", nargs="*", metavar="PATH[::CELL]", help=paths_help)
+        p.add_argument("-k", dest="keyword", metavar="EXPR", help="select cells whose ids/keywords match")
+        p.add_argument("-m", dest="markexpr", metavar="MARKEXPR", help="select cells by marks")
+        p.add_argument("--by", metavar="COLUMN", help=by_help)
+    which = export.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, metavar="N", help="the checkpoint of step N")
+    which.add_argument("--last", action="store_true", help="the last checkpoint")
+    export.add_argument("--to", metavar="DIR", help="write under DIR/<grid>/<cell>/ (default: the cluster's "
+                                                    "export dir, else ./exports)")
+    clean.add_argument("--keep", required=True, choices=("best", "last", "none"),
+                       help="the checkpoint each cell keeps: the best by --by, the last, or none")
+    clean.add_argument("--yes", action="store_true", help="delete (without it: only list what would go)")
+
+
+def _health_options(status: argparse.ArgumentParser) -> None:
+    """``sweep status``'s health options (docs/running.md, sweepkit.report.health)."""
+    status.add_argument("--check", action="store_true",
+                        help=f"exit {int(ExitCode.UNHEALTHY)} when any cell is unhealthy (nan, collapse, flat, "
+                             f"stalled, failed), for cron")
+    status.add_argument("--watch", type=float, metavar="SECONDS",
+                        help="read again every SECONDS and print the rows whose state, step or health changed; "
+                             "Ctrl-C ends it, exiting as --check does")
+    status.add_argument("--watch-count", type=int, metavar="N", help="with --watch: stop after N rounds")
+    status.add_argument("--stall-factor", type=float, default=STALL_FACTOR, metavar="K",
+                        help=f"a running cell is stalled after K times its median sec/step without a new metrics "
+                             f"line (default: {STALL_FACTOR:g})")
+    status.add_argument("--stall-min-s", type=float, default=STALL_MIN_S, metavar="S",
+                        help=f"... and never before S seconds (default: {STALL_MIN_S:g})")
 
 
 def _early_options(argv: list[str]) -> argparse.Namespace:

@@ -145,18 +145,37 @@ def _named_cells(session: Session) -> list[Cell]:
 
 def cmd_status(session: Session) -> int:
     """The named cells, and of the grids named whole (every grid, with no path) every cell
-    that has runs on disk, also those the grid file no longer has."""
+    that has runs on disk, also those the grid file no longer has; in each runs dir named
+    (``--runs-dir`` repeated or a glob: with no path, every cell on disk, from disk alone)."""
+    show_status = _import_stage("sweepkit.report.status", "show_status", "status")
+    named_runs_dirs = _import_stage("sweepkit.report.status_scope", "named_runs_dirs", "status")
+    runs_dirs, several = named_runs_dirs(session)
+    if several and not session.options.paths:
+        # Other clusters' runs dirs: their grid files need not be here, nor importable.
+        return show_status(session, None, runs_dirs=runs_dirs, several=True)
     collected = session.collect(session.options.paths)
     cells = by_node_ids(list(collected.cells), collected.wanted)
     whole = {Path(grid).stem for grid, names in collected.wanted.items() if names is None}
-    show_status = _import_stage("sweepkit.report.status", "show_status", "status")
-    return show_status(session, cells, whole_grids=whole, every_grid=not session.options.paths)
+    return show_status(session, cells, whole_grids=whole, every_grid=not session.options.paths,
+                       runs_dirs=runs_dirs, several=several)
 
 
 def cmd_cancel(session: Session) -> int:
     cells = _named_cells(session)
     cancel_command = _import_stage("sweepkit.run.cancel", "cancel_command", "cancel")
     return cancel_command(session, cells)
+
+
+def cmd_export(session: Session) -> int:
+    """Each selected finished cell's chosen checkpoint as a Hugging Face model dir (sweepkit.end.export)."""
+    export_command = _import_stage("sweepkit.end.export", "export_command", "export")
+    return export_command(session)
+
+
+def cmd_clean(session: Session) -> int:
+    """Delete finished cells' checkpoints but the kept one (sweepkit.end.clean)."""
+    clean_command = _import_stage("sweepkit.end.clean", "clean_command", "clean")
+    return clean_command(session)
 
 
 def report_grids(session: Session) -> list[str]:

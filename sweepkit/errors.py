@@ -17,6 +17,8 @@ class ExitCode(enum.IntEnum):
     INTERNAL_ERROR = 3
     USAGE_ERROR = 4
     NO_CELLS = 5
+    # sweep status --check / --watch: a cell is unhealthy (sweepkit.report.health), for cron.
+    UNHEALTHY = 6
 
 
 class UsageError(Exception):

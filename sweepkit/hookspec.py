@@ -32,6 +32,10 @@ Order of a ``sweep run``:
 
 ``sweep report`` asks :func:`sweep_register_report_tables` and then
 :func:`sweep_register_report_formats` once, before it reads the first grid.
+
+``sweep export`` asks :func:`sweep_cell_ckpt_dir` and :func:`sweep_cell_checkpoints` for each
+selected cell, :func:`sweep_export_dir` once (without ``--to``), then
+:func:`sweep_export_checkpoint` for each cell's chosen step; ``sweep clean`` asks the first two.
 """
 
 from __future__ import annotations
@@ -406,4 +410,34 @@ def sweep_job_concurrency_cap(session: "Session") -> "int | ClusterCap | None":
         user and cluster): a cap on the user's jobs on the cluster from every runs dir,
         and on foreign jobs its ``foreign_job_pattern`` names, which holds beside any
         ``--max-parallel``.
+    """
+
+
+# -- the end of a sweep (sweep export, sweep clean) -------------------------------------
+
+
+@hookspec(firstresult=True)
+def sweep_export_dir(session: "Session") -> "Path | None":
+    """Where ``sweep export`` writes without ``--to``; first answer wins, None for ``./exports``.
+
+    A cluster plugin answers with the file system meant for results that outlive a sweep
+    (Leonardo: ``$WORK/sweepkit-exports``, never a scratch purged after weeks). The models go
+    under ``<dir>/<grid>/<cell>/``.
+    """
+
+
+@hookspec(firstresult=True)
+def sweep_export_checkpoint(cell: "Cell", step_dir: "Path", to: "Path", session: "Session") -> "list[Path] | None":
+    """Write one checkpoint of ``cell`` as a Hugging Face model dir; first answer wins.
+
+    :param step_dir: the checkpoint entry ``sweep export`` picked (a ``global_step_N`` that
+        :func:`sweep_cell_checkpoints` named).
+    :param to: the model dir to write: absent or empty. Write it whole or not at all (into a
+        temporary sibling, then rename); ``sweep export`` adds its ``manifest.json`` after.
+    :return: the files written (relative to ``to`` or absolute under it), or None when the
+        plugin does not know this checkpoint. Raise :class:`sweepkit.errors.UsageError`, with
+        nothing written, for a checkpoint the plugin knows but cannot convert here.
+
+    The built-in trainer's plugin runs ``python -m trainer.export`` on its checkpoints; the
+    SkyRL plugin copies an HF-format export SkyRL wrote, and refuses FSDP shards.
     """

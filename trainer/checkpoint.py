@@ -239,25 +239,33 @@ def export(ckpt_dir: Path, model, tokenizer, *, dtype: Optional[torch.dtype] = N
     final = ckpt_dir / "export"
     temp = ckpt_dir / f"{TEMP_PREFIX}export"
     shutil.rmtree(temp, ignore_errors=True)
-    master = next(model.parameters()).dtype
-    with _quiet_saving():  # a shard progress bar per export is noise in a cell's stderr.log
-        if dtype is None or dtype == master:
-            model.save_pretrained(temp)
-        else:
-            state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-                     for name, tensor in model.state_dict().items()}
-            model.save_pretrained(temp, state_dict=state)
-            config = temp / "config.json"  # save_pretrained records the masters' dtype
-            written = json.loads(config.read_text())
-            written["dtype"] = str(dtype).removeprefix("torch.")
-            config.write_text(json.dumps(written, indent=2) + "\n")
-    tokenizer.save_pretrained(temp)
+    write_pretrained(temp, model, tokenizer, dtype=dtype)
     if final.exists():
         doomed = ckpt_dir / f"{TEMP_PREFIX}old-export"
         os.replace(final, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
     os.replace(temp, final)
     return final
+
+
+def write_pretrained(directory: Path, model, tokenizer, *, dtype: Optional[torch.dtype] = None) -> None:
+    """``save_pretrained`` the model (its ``config.json``, safetensors weights and
+    ``generation_config.json``) and the tokenizer into ``directory``, the weights in ``dtype``
+    (None: as they are); ``config.json`` then names that dtype. Shared by the end of a run
+    (:func:`export`) and ``python -m trainer.export`` (a chosen step, after the run)."""
+    master = next(model.parameters()).dtype
+    with _quiet_saving():  # a shard progress bar per export is noise in a cell's stderr.log
+        if dtype is None or dtype == master:
+            model.save_pretrained(directory)
+        else:
+            state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+                     for name, tensor in model.state_dict().items()}
+            model.save_pretrained(directory, state_dict=state)
+            config = Path(directory) / "config.json"  # save_pretrained records the masters' dtype
+            written = json.loads(config.read_text())
+            written["dtype"] = str(dtype).removeprefix("torch.")
+            config.write_text(json.dumps(written, indent=2) + "\n")
+    tokenizer.save_pretrained(directory)
 
 
 def write_atomic(path: Path, text: str) -> None:

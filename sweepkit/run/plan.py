@@ -11,6 +11,8 @@ completed, config changed since          error       fresh                error
 failed as expected (xfail), same config   skip        fresh                skip
 failed / cancelled / interrupted, with   error       fresh (checkpoints   resume from latest
 checkpoints                                          deleted)             checkpoint
+failed / cancelled, every checkpoint     fresh       fresh                error (nothing to
+deleted by ``sweep clean --keep none``                                     resume from)
 running (its ``.lock`` is held)          attach      error                attach
 submitted or running, its job still in   attach      fresh (the old jobs  attach
 a cluster's queue (``queued``)                       are cancelled)
@@ -141,6 +143,9 @@ def _plan_cell(cell, runs_dir: Path, *, rerun: bool, resume: bool,
         # An expected failure is a probe's answer (a ceiling probe can take an hour to give it).
         return Plan(cell=cell, directory=directory, action=SKIP, note="xfailed as expected; --rerun probes it again")
     found = holding() if holding is not None else []
+    if resume and not found and state is not None and state.cleaned and state.cleaned.get("kept") is None:
+        raise PlanError("its checkpoints were deleted by sweep clean --keep none, so --resume has nothing to "
+                        "continue from; pass --rerun to start it over")
     if found:
         effective = st.effective_state(directory, state)
         if not resume:

@@ -92,6 +92,10 @@ class CellState:
     # puts this state back.
     previous: str | None = None
     updated: float = 0.0
+    # What ``sweep clean`` deleted of the run's checkpoints (transitions.cleaned): ``kept``
+    # (the step left, None for none), ``deleted`` (entry names), ``freed_bytes``, ``by``, ``at``.
+    # None for a cell never cleaned, and again once a new attempt starts.
+    cleaned: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
 
     @property
     def last_attempt(self) -> Attempt | None:
@@ -108,6 +112,7 @@ class CellState:
             "driver": self.driver,
             "previous": self.previous,
             "updated": self.updated,
+            "cleaned": dict(self.cleaned) if self.cleaned is not None else None,
         }
 
     @classmethod
@@ -126,6 +131,7 @@ class CellState:
             driver=data.get("driver"),
             previous=data.get("previous"),
             updated=data.get("updated", 0.0),
+            cleaned=data.get("cleaned"),
         )
 
 
@@ -321,6 +327,16 @@ class CellView:
     @property
     def failure(self) -> str | None:
         return self.attempt.failure if self.attempt else None
+
+    @property
+    def cleaned_note(self) -> str | None:
+        """``cleaned (kept step 40)`` / ``cleaned (no checkpoint kept)`` for a cell whose
+        checkpoints ``sweep clean`` deleted, else None."""
+        cleaned = self.state.cleaned if self.state is not None else None
+        if not cleaned:
+            return None
+        kept = cleaned.get("kept")
+        return f"cleaned (kept step {kept})" if kept is not None else "cleaned (no checkpoint kept)"
 
     @property
     def job(self) -> str:

@@ -21,6 +21,8 @@ transition            called by                 the cell's state after it
 :func:`stopped`       the driver (a guard)      ``failed``, with the guard's failure class
 :func:`classified`    the driver                the failure classes of ended attempts
 :func:`cancelled`     ``sweep cancel``          ``cancelled``
+:func:`cleaned`       ``sweep clean --yes``     unchanged (a finished cell), with a ``cleaned``
+                                                record of the checkpoints it deleted
 ====================  ========================  ================================================
 
 A cell goes ``pending`` -> ``submitted`` -> ``running`` -> finished; a resume is the same
@@ -233,7 +235,9 @@ def started(job: CellJob, *, job_id: str | None, deleted: tuple[str, ...] = (),
             return attrs.evolve(state, state="failed", attempts=(*state.attempts, attempt))
         if job.fresh is not None and not job.resume:
             state = attrs.evolve(state, config_hash=job.fresh.config_hash, profile=job.fresh.profile)
-        return attrs.evolve(state, state="running", attempts=(*state.attempts, attempt), previous=None)
+        # A new attempt writes checkpoints again: what an earlier ``sweep clean`` left is its past.
+        return attrs.evolve(state, state="running", attempts=(*state.attempts, attempt), previous=None,
+                            cleaned=None)
 
     update_state(Path(job.cell_dir), change)
     return begun[0] if begun else None
@@ -291,3 +295,24 @@ def cancelled(directory: Path, *, token: str | None, failure_class: str) -> bool
 
     update_state(directory, change)
     return bool(done)
+
+
+# -- sweep clean's ---------------------------------------------------------------------------
+
+
+def cleaned(directory: Path, *, kept: int | None, deleted: list[str], freed_bytes: int,
+            by: str) -> CellState | None:
+    """``sweep clean`` deleted the cell's checkpoint entries ``deleted`` (their names), keeping
+    step ``kept`` (None: none), chosen ``by`` (a metric, ``last`` or ``none``). The state stays
+    what it was (a completed cell stays completed); None, writing nothing, when the cell is no
+    longer finished or has no state. The caller holds the cell's ``.lock`` while it deletes, so
+    no run starts meanwhile."""
+
+    def change(state: CellState | None) -> CellState | None:
+        if state is None or state.state not in FINISHED or state.previous is not None:
+            return None
+        record = {"kept": kept, "deleted": list(deleted), "freed_bytes": int(freed_bytes), "by": by,
+                  "at": time.time()}
+        return attrs.evolve(state, cleaned=record)
+
+    return update_state(directory, change)
