@@ -198,3 +198,14 @@ def restarts_the_controller():
         if queue.returncode == 0 and not queue.stdout.strip():
             return
         time.sleep(1)
+
+
+# A real tiny trainer cell that checkpoints and evaluates at every one of its 3 steps
+# (the grid of tests/test_export.py and tests/test_clean.py).
+CHECKPOINTED_TINY_GRID = """
+import sweepkit as sk
+base = sk.base(model="tiny-random", dataset="synthetic", device="cpu", backend="hf", num_gpus=0,
+               train_batch_size=4, policy_mini_batch_size=4, n_samples_per_prompt=2, max_generate_length=4,
+               max_steps=3, eval_limit=4, ckpt_interval=1, eval_interval=1, eval_before_train=False,
+               synthetic_size=64, export_final=False, lr=1e-3)
+"""

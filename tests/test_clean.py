@@ -9,15 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Sweeper
+from conftest import CHECKPOINTED_TINY_GRID, Sweeper
 
-TINY = """
-import sweepkit as sk
-base = sk.base(model="tiny-random", dataset="synthetic", device="cpu", backend="hf", num_gpus=0,
-               train_batch_size=4, policy_mini_batch_size=4, n_samples_per_prompt=2, max_generate_length=4,
-               max_steps=3, eval_limit=4, ckpt_interval=1, eval_interval=1, eval_before_train=False,
-               synthetic_size=64, export_final=False, lr=1e-3)
-"""
+TINY = CHECKPOINTED_TINY_GRID
 # The same run under a command that fails once the trainer is done: a failed cell with checkpoints.
 FAILING = """
 import sweepkit as sk
