@@ -43,17 +43,26 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--compare", choices=("trl",))
+    parser.add_argument("--trl-steps", type=int, default=4, help="TRL's steps (its first is warm-up)")
+    parser.add_argument("--logs", type=Path, help="keep each run's stderr here, as SHAPE-RUN.err")
     parser.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
     return parser.parse_args(argv)
 
 
-def shape_args(args, model: str) -> list[str]:
+def shape_args(args, model: str, steps: int) -> list[str]:
     return ["--model", model, "--dataset", args.dataset, "--prompts", "32", "--samples", "4",
-            "--prompt-length", "256", "--generate-length", "512", "--steps", str(args.steps)]
+            "--prompt-length", "256", "--generate-length", "512", "--steps", str(steps)]
 
 
-def run_json(command: list[str], env: dict) -> dict | None:
+def log_path(args, model: str, run: str) -> Path | None:
+    return args.logs / f"{model.replace(':', '_').replace('/', '_')}-{run}.err" if args.logs else None
+
+
+def run_json(command: list[str], env: dict, log: Path | None = None) -> dict | None:
     done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(done.stderr)
     if done.returncode != 0:
         print(f"  {' '.join(command[1:4])}: exit {done.returncode}: {done.stderr.strip()[-400:]}", file=sys.stderr)
         return None
@@ -71,17 +80,24 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="bench-defaults-") as cache:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)  # cold for the first run only
             for name in runs:
-                command = [sys.executable, str(BENCH), *shape_args(args, model), "--set", "enforce_eager=false",
-                           "--json", *RUNS[name]]
-                results[name] = summary = run_json(command, env)
+                command = [sys.executable, str(BENCH), *shape_args(args, model, args.steps),
+                           "--set", "enforce_eager=false", "--json", *RUNS[name]]
+                results[name] = summary = run_json(command, env, log_path(args, model, name))
                 if summary is not None:
                     print(f"  {name:<7} {summary['sec_per_step']:.3f} s/step  first {summary['first_step_s']:.1f} s  "
                           f"peak {summary['peak_memory_gb_all_steps']:.1f} GB  "
                           f"generate {summary['generate_tokens_per_s']:.0f} tok/s  steps {summary['each_step']}")
+                    start = summary.get("startup", {})
+                    phases = ", ".join(f"{phase} {entry['seconds']:.1f} s"
+                                       for phase, entry in start.get("phases", {}).items())
+                    print(f"          first step split {summary['first_step_split']}; {phases}; compile "
+                          f"{start.get('compile_seconds', 0):.1f} s over {start.get('compiled_graphs', 0)} graphs")
             if args.compare == "trl":
-                results["trl"] = theirs = run_json([sys.executable, str(TRL), "--json", *shape_args(args, model)], env)
+                trl = [sys.executable, str(TRL), "--json", *shape_args(args, model, args.trl_steps)]
+                results["trl"] = theirs = run_json(trl, env, log_path(args, model, "trl"))
                 if theirs is not None:
-                    print(f"  trl     {theirs['sec_per_step']:.3f} s/step")
+                    print(f"  trl     {theirs['sec_per_step']:.3f} s/step  peak {theirs['peak_memory_gb']:.1f} GB  "
+                          f"steps {theirs.get('each_step')}")
         default = results.get("warm") or results.get("cold")
         if default and results.get("micro8"):
             print(f"  micro8 / default: {results['micro8']['sec_per_step'] / default['sec_per_step']:.2f}x")

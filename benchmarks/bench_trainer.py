@@ -111,6 +111,7 @@ def main(argv=None) -> int:
         if problem is not None:
             print(f"bench_trainer: --compare trl: {problem}", file=sys.stderr)
             return 2
+    from trainer import startup
     from trainer.loop import train
 
     if args.memory_gb is not None:
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
     summary = {"model": cfg.model, "device": info["device"], "dtype": info["dtype"],
                "backend": info.get("backend"),
                "prompts": cfg.train_batch_size, "samples": cfg.n_samples_per_prompt,
-               **summarise(train_records, args.warmup)}
+               **summarise(train_records, args.warmup), "startup": startup.summary()}
     if args.json:
         if args.compare == "trl":
             return compare_with_trl(args, summary, as_json=True)
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
     print(f"  each step           {', '.join(f'{t:.3f}' for t in summary['each_step'])}")
     print(f"  response length     {summary['response_length_mean']:.1f}")
     print(f"  peak memory         {summary['peak_memory_gb']:.2f} GB")
+    print(f"  start               {startup.describe(summary['first_step_s'])}")
     if args.compare == "trl":
         return compare_with_trl(args, summary, as_json=False)
     return 0

@@ -295,6 +295,8 @@ def run(args) -> dict:
         "prompts": cfg.train_batch_size, "samples": cfg.n_samples_per_prompt,
         "steps_measured": len(kept_steps),
         "sec_per_step": statistics.fmean(seconds),
+        "each_step": [round(t, 3) for t in seconds],
+        "first_step_s": timer.steps[0]["seconds"] if timer.steps else None,
         "generate_sec_per_step": statistics.fmean(s["generate_seconds"] for s in kept_steps),
         "tokens_per_s": sum(lengths) * completions / sum(seconds) if len(lengths) == len(seconds) else None,
         "response_length_mean": _mean_or_none(lengths),

@@ -239,9 +239,10 @@ class TrainerConfig:
         "expressions (a few seconds of compilation on the first step)"))
 
     compile_update: bool = attrs.field(default=True, metadata=_doc(
-        "on CUDA, torch.compile the policy's transformer body for the update's forward and "
-        "backward; row widths are padded to multiples of 128 so that a run compiles a few "
-        "shapes only (each costs its compilation once, on the first step that meets it)"))
+        "on CUDA, torch.compile the policy's decoder layers (one graph they share) for the "
+        "update's forward and backward; row widths are padded to multiples of 128 so that a "
+        "run compiles a few shapes only (each costs its compilation once, on the first step "
+        "that meets it)"))
 
     # -- schedule, checkpoints, logging ------------------------------------------------
     eval_interval: int = attrs.field(default=0, validator=_non_negative, metadata=_doc(

@@ -59,23 +59,39 @@ def compile_body(model, *, dynamic: bool = False, width_multiple: int = COMPILED
     separate body); its parameters and state-dict keys stay as they are.
 
     It fuses the body's norms, RoPE, activations and residual adds (1.38x on a 0.5B
-    micro-batch of the update on an H200, ``benchmarks/bench_update.py``; about a
-    minute of compilation for its first shape). Widths are static: with
-    ``dynamic=True`` the compilation outlasted the 150 s its benchmark was given.
-    Instead :func:`response_hidden` pads every row width to ``width_multiple`` (the
-    padding trails, so causal attention keeps it out of every real token's view)
-    and leaves only the row count symbolic, which packed micro-batches vary: a run
-    meets a few widths, each compiled once.
+    micro-batch of the update on an H200, ``benchmarks/bench_update.py``). The
+    compilation is regional: each decoder layer is compiled, and the layers, alike in
+    code and shapes, share one graph, so the first step compiles one layer's forward
+    and backward instead of the whole body's (130 s of a cold first step on an H100
+    when the body was one graph; ``benchmarks/bench_defaults.py``). The embedding and
+    the final norm stay eager. Widths are static: :func:`response_hidden` pads every
+    row width to ``width_multiple`` (the padding trails, so causal attention keeps it
+    out of every real token's view) and only the row count is symbolic, which packed
+    micro-batches vary: a run meets a few widths, each compiled once.
     """
     parts = split_head(model)
     if parts is None:
         return False
+    body = parts[0]
     config = torch._dynamo.config
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, limit, max(getattr(config, limit), COMPILED_SHAPES))
-    parts[0].compile(dynamic=dynamic)
+    layers = getattr(body, "layers", None)
+    embed = body.get_input_embeddings() if hasattr(body, "get_input_embeddings") else None
+    if isinstance(layers, torch.nn.ModuleList) and len(layers) and embed is not None:
+        for layer in layers:
+            layer.compile(dynamic=dynamic)
+        # The first layer's input carries the symbolic row count into the shared graph.
+        embed.register_forward_hook(_rows_symbolic)
+    else:
+        body.compile(dynamic=dynamic)
     model.width_multiple = width_multiple  # read by response_logprobs
     return True
+
+
+def _rows_symbolic(module, args, output):
+    torch._dynamo.maybe_mark_dynamic(output, 0)
+    return output
 
 
 def split_head(model):

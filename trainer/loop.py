@@ -92,6 +92,7 @@ from trainer.rollout import SamplingParams
 from trainer.setup import Run, set_up
 from trainer.stopping import StopRequest, Stopped
 from trainer.timing import Verdict
+from trainer import startup
 from trainer.packing import plan_packing
 from trainer.update import update_policy
 
@@ -107,7 +108,8 @@ def train(cfg: TrainerConfig, *, ckpt_dir, metrics_path, stdout=None, stderr=Non
 def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_path, stdout=None,
                stderr=None) -> dict:
     stderr = stderr or sys.stderr
-    run = set_up(cfg, group, ckpt_dir=Path(ckpt_dir), metrics_path=metrics_path, stdout=stdout, stderr=stderr)
+    with startup.phase("build"):
+        run = set_up(cfg, group, ckpt_dir=Path(ckpt_dir), metrics_path=metrics_path, stdout=stdout, stderr=stderr)
     engine, device, logger, n = run.engine, run.device, run.logger, cfg.n_samples_per_prompt
     on_policy = cfg.train_batch_size == cfg.policy_mini_batch_size  # one update per step
 
@@ -200,6 +202,8 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
             times["timing/step"] = time.perf_counter() - step_started
             last = step_metrics(run, batch, rewards, all_prompts, times, update_stats, distill)
             logger.log("train", step, last)
+            if step == first_step + 1 and group.is_main:
+                print(f"sweep-train: {startup.describe(times['timing/step'])}", file=stderr, flush=True)
             del batch, generation
             if run.timing is not None:
                 run.timing.add(times["timing/step"])

@@ -64,6 +64,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from trainer import startup
 from trainer.rollout import (
     BackendUnavailable, Generation, RolloutEngine, SamplingParams, pad_token_id, stop_token_ids,
 )
@@ -293,7 +294,8 @@ class StaticEngine(RolloutEngine):
         self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         self.top_p.fill_(params.top_p)
         if self.cuda_graphs and (bucket, mode) not in self.graphs:
-            self._capture(bucket, mode)  # before the prefill: its warm-up steps scribble on the state
+            with startup.phase("decode graph capture"):  # its warm-up steps compile the decode step
+                self._capture(bucket, mode)  # before the prefill: its warm-up steps scribble on the state
 
         # Prefill: each distinct prompt once, its K/V copied into the rows of its samples.
         repeats = torch.tensor([owner.count(i) for i in distinct], device=self.device)

@@ -1,0 +1,61 @@
+"""Where a run's start goes: the seconds before and inside its first step, by phase.
+
+A sweep's first cell pays the model build, every ``torch.compile`` (inductor's codegen and
+autotuning) and one CUDA graph capture per decode bucket before its first step ends; later
+cells pay what the compile cache does not hold. :data:`LEDGER` adds up the phases this
+process timed with :func:`phase`; :func:`summary` adds what dynamo says it spent compiling
+(which overlaps the phases: a capture's warm-up steps compile the decode step) and the
+number of graphs it compiled. The loop prints the summary after the first step;
+``benchmarks/bench_trainer.py`` reports it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
+
+LEDGER: Counter = Counter()  # phase -> seconds, this process
+COUNTS: Counter = Counter()  # phase -> times entered
+
+
+@contextmanager
+def phase(name: str):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        LEDGER[name] += time.perf_counter() - started
+        COUNTS[name] += 1
+
+
+def compile_seconds() -> tuple[float, int]:
+    """Dynamo's own total compile time in this process (tracing, inductor, autotuning) and
+    the graphs it compiled; (0, 0) when nothing was compiled or torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "_dynamo"):
+        return 0.0, 0
+    from torch._dynamo import utils
+
+    names, values = utils.compile_times(repr="csv", aggregate=True)
+    total = dict(zip(names, values)).get("_compile.compile_inner", 0.0)
+    return float(total), int(utils.counters["stats"]["unique_graphs"])
+
+
+def summary() -> dict:
+    """The phases timed so far, each with its count, and dynamo's compile total."""
+    compiled, graphs = compile_seconds()
+    return {"phases": {name: {"seconds": round(seconds, 3), "count": COUNTS[name]}
+                       for name, seconds in LEDGER.items()},
+            "compile_seconds": round(compiled, 3), "compiled_graphs": graphs}
+
+
+def describe(first_step_s: float) -> str:
+    """One line for the log: the first step and what it spent where."""
+    facts = summary()
+    parts = [f"{name} {entry['seconds']:.1f} s" + (f" ({entry['count']}x)" if entry["count"] > 1 else "")
+             for name, entry in facts["phases"].items()]
+    parts.append(f"compile {facts['compile_seconds']:.1f} s over {facts['compiled_graphs']} graphs "
+                 "(inside the phases)")
+    return f"first step {first_step_s:.1f} s; " + ", ".join(parts)
