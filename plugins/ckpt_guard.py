@@ -251,6 +251,15 @@ def sweep_cell_checkpoints(cell, directory, session):
 
 
 @hookimpl
+def sweep_checkpoint_pointer(cell, entry, session):
+    """SkyRL's ``latest_ckpt_global_step.txt`` in the cell's own dir under the root: it holds N."""
+    own = ckpt_dir_of(cell, os.environ)
+    if own is None or Path(entry).name != LATEST_POINTER or Path(entry).parent.resolve() != own.resolve():
+        return None
+    return "{}"
+
+
+@hookimpl
 def sweep_cell_start_config(cell, config, resume, session):
     if cell.target.schema is None or RESUME_KEY not in cell.target.schema:
         return {}

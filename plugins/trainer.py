@@ -99,6 +99,7 @@ VLLM_UNRUN = ("backend='vllm' runs an engine no tested machine has run (vllm is 
               "sweepkit's tests and benchmarks run: its code is tested only up to the vllm calls); "
               "backend='auto' (the static engine for the models it knows) is the measured one, "
               "benchmarks/RESULTS.md")
+LATEST_POINTER = "latest"  # trainer.checkpoint.LATEST: its text names the latest global_step_N
 NOT_CHECKPOINTS = frozenset({"run_info.json", "reference.safetensors", "export"})
 # What makes a checkpoint dir one of the trainer's, which trainer.export can convert.
 EXPORT_NEEDS = ("trainer_state.json", "model.safetensors")
@@ -263,6 +264,15 @@ def sweep_cell_checkpoints(cell, directory, session):
         return []
     return sorted(entry for entry in own.iterdir()
                   if entry.name not in NOT_CHECKPOINTS and not entry.name.startswith(WRITING_PREFIX))
+
+
+@hookimpl
+def sweep_checkpoint_pointer(cell, entry, session):
+    """The trainer's ``latest`` in a cell dir's own ``ckpt/``: it names ``global_step_N``."""
+    own = cell_dir(session.runs_dir, cell) / CKPT_DIR
+    if Path(entry).name != LATEST_POINTER or Path(entry).parent.resolve() != own.resolve():
+        return None
+    return "global_step_{}"
 
 
 @hookimpl

@@ -35,7 +35,8 @@ Order of a ``sweep run``:
 
 ``sweep export`` asks :func:`sweep_cell_ckpt_dir` and :func:`sweep_cell_checkpoints` for each
 selected cell, :func:`sweep_export_dir` once (without ``--to``), then
-:func:`sweep_export_checkpoint` for each cell's chosen step; ``sweep clean`` asks the first two.
+:func:`sweep_export_checkpoint` for each cell's chosen step; ``sweep clean`` asks the first two
+and :func:`sweep_checkpoint_pointer` for each checkpoint entry.
 """
 
 from __future__ import annotations
@@ -244,6 +245,21 @@ def sweep_cell_checkpoints(cell: "Cell", directory: "Path", session: "Session") 
     answered, and only those, as it starts a ``--rerun``. The built-in trainer's plugin
     leaves out the files it writes before its first checkpoint; the checkpoint guard
     answers SkyRL's ``global_step_*`` and latest-step pointer for its own dirs.
+    """
+
+
+@hookspec(firstresult=True)
+def sweep_checkpoint_pointer(cell: "Cell", entry: "Path", session: "Session") -> "str | None":
+    """Whether ``entry``, one of the entries :func:`sweep_cell_checkpoints` answered for a cell,
+    is a latest-step pointer (a file naming the step to resume from), and how it names a step;
+    first answer wins.
+
+    :return: the pointer's text for step N as a format with one ``{}`` for N (the trainer's
+        ``latest``: ``"global_step_{}"``; SkyRL's ``latest_ckpt_global_step.txt``: ``"{}"``),
+        or None when ``entry`` is no pointer this plugin knows.
+
+    ``sweep clean`` asks it for each checkpoint entry: a pointer that names a step about to
+    be deleted is rewritten to name the kept step before anything is deleted.
     """
 
 

@@ -168,3 +168,44 @@ def test_resume_after_keep_none_refuses(project):
     assert result.ret == 4, result
     assert "sweep clean --keep none" in result.stderr and "--rerun" in result.stderr
     assert len(state(project, "failing")["attempts"]) == attempts
+
+
+# A command target with a checkpoint layout of its own: steps 1-3, its best eval at step 1, and a
+# latest-step pointer ``LATEST_STEP`` holding the step's number. Its plugin says so.
+OWN_LAYOUT = '''
+import json, os, pathlib, sys
+ckpt = pathlib.Path(sys.argv[1])
+with open(os.environ["SWEEP_METRICS"], "a") as metrics:
+    for step, score in ((1, 0.9), (2, 0.1), (3, 0.2)):
+        (ckpt / f"global_step_{step}").mkdir(parents=True)
+        (ckpt / f"global_step_{step}" / "weights.bin").write_bytes(bytes(1000))
+        (ckpt / "LATEST_STEP").write_text(f"{step}\\n")
+        metrics.write(json.dumps({"kind": "train", "step": step, "loss": 1.0}) + "\\n")
+        metrics.write(json.dumps({"kind": "eval", "step": step, "eval/pass_at_k": score}) + "\\n")
+'''
+POINTER_PLUGIN = '''
+import sweepkit as sk
+
+@sk.hookimpl
+def sweep_checkpoint_pointer(cell, entry, session):
+    return "{}" if entry.name == "LATEST_STEP" else None
+'''
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["its-plugin-names-the-pointer", "no-plugin"])
+def test_a_pointer_a_plugin_names_is_rewritten_to_the_kept_step(tmp_path, plugin):
+    sweeper = Sweeper.new(tmp_path)
+    sweeper.write("own.py", OWN_LAYOUT)
+    if plugin:
+        sweeper.write("grids/sweepconf.py", POINTER_PLUGIN)
+    sweeper.grid("own", 'import sweepkit as sk\ntarget = sk.command("{python}", "{root}/own.py", "{ckpt_dir}")\n'
+                        'base = sk.base(x=1)\n')
+    assert sweeper.run("run", "grids/own.py").ret == 0
+    result = sweeper.run("clean", "grids/own.py", "--keep", "best", "--by", "eval/pass_at_k", "--yes")
+    assert result.ret == 0, result
+    own = ckpt(sweeper, "own")
+    assert steps(sweeper, "own") == ["global_step_1"]
+    if plugin:  # rewritten to the kept step before anything was deleted
+        assert (own / "LATEST_STEP").read_text() == "1\n"
+    else:  # no plugin knows it for a pointer: an entry like any other, left as it was
+        assert (own / "LATEST_STEP").read_text() == "3\n"

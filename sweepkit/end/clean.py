@@ -6,8 +6,10 @@ deleted. What goes:
 
 - ``--keep best`` / ``--keep last``: every ``global_step_N`` the plugins name as a checkpoint
   (``sweep_cell_checkpoints``) but the kept one (:mod:`sweepkit.end.pick`). A latest-step
-  pointer (the trainer's ``latest``, SkyRL's ``latest_ckpt_global_step.txt``) that names a
-  deleted step is rewritten, before anything is deleted, to name the kept one;
+  pointer (the plugins say which entries are pointers and how they name a step,
+  ``sweep_checkpoint_pointer``: the trainer's ``latest``, SkyRL's
+  ``latest_ckpt_global_step.txt``) that names a deleted step is rewritten, before anything
+  is deleted, to name the kept one;
 - ``--keep none``: every entry the plugins name as a checkpoint, pointers too.
 
 Nothing else is touched: not ``metrics.jsonl``, logs or reports, nor the files the plugins
@@ -38,8 +40,6 @@ from sweepkit.state import transitions
 from sweepkit.state.files import CellLock
 
 KEEP = ("best", "last", "none")
-# Latest-step pointers and how each names a step: the trainer's ``global_step_N``, SkyRL's ``N``.
-POINTERS = {"latest": "global_step_{}", "latest_ckpt_global_step.txt": "{}"}
 _POINTED = re.compile(r"^(?:global_step_)?(\d+)$")
 
 
@@ -95,14 +95,15 @@ def _safe_dirs(session, cell) -> dict[Path, list[Path]]:
     return safe
 
 
-def _pointer_rewrite(pointer: Path, kept: Choice | None, doomed_steps: set[int]) -> str | None:
-    """The new text of a latest-step pointer that names a step about to go, or None to leave it."""
+def _pointer_rewrite(pointer: Path, names: str, kept: Choice | None, doomed_steps: set[int]) -> str | None:
+    """The new text of a latest-step pointer that names a step about to go, or None to leave it;
+    ``names`` is how it names a step (``sweep_checkpoint_pointer``'s format)."""
     if pointer.is_symlink() or not pointer.is_file():
         return None
     match = _POINTED.match(pointer.read_text().strip())
     if match is None or int(match.group(1)) not in doomed_steps:
         return None
-    return POINTERS[pointer.name].format(kept.step) + "\n"
+    return names.format(kept.step) + "\n"
 
 
 def plan_clean(session, cell, keep: str, by: str | None, specs) -> CleanPlan:
@@ -123,8 +124,9 @@ def plan_clean(session, cell, keep: str, by: str | None, specs) -> CleanPlan:
         doomed += doomed_here
         gone = {step_of(entry) for entry in doomed_here}
         for entry in entries:
-            if entry.name in POINTERS:
-                text = _pointer_rewrite(entry, kept, gone)
+            names = session.hook.sweep_checkpoint_pointer(cell=cell, entry=entry, session=session)
+            if names is not None:
+                text = _pointer_rewrite(entry, names, kept, gone)
                 if text is not None and kept.step in steps:
                     rewrites.append((entry, text))
                 elif text is not None:
