@@ -9,7 +9,8 @@ altering a cell mid-series, so a cell is stopped, looked at, and rerun or resume
 Which guards watch a cell is the launch key ``guards`` (a list of the names in
 :data:`KNOWN`; default ``["nonfinite_loss", "ceiling_probe"]``; ``[]`` switches them off):
 
-* ``nonfinite_loss``: a train step's ``policy/loss`` is NaN or infinite;
+* ``nonfinite_loss``: a train step's ``policy/loss`` is NaN or infinite, or null (how the
+  trainer writes those: JSON has neither);
 * ``entropy_collapse``: after ``guard_min_steps`` train steps, the mean ``policy/entropy``
   of the last three is below ``COLLAPSE_FRACTION`` of the first three's (the report's
   ``entropy_collapse`` flag, live);
@@ -41,6 +42,8 @@ def nonfinite_loss(train: list[dict], launch: dict) -> Optional[str]:
         loss = record.get("policy/loss")
         if isinstance(loss, float) and not math.isfinite(loss):
             return f"policy/loss is {loss} at step {record['step']}"
+        if loss is None and "policy/loss" in record:  # written as null: JSON has no NaN
+            return f"policy/loss is null at step {record['step']} (the trainer writes NaN and inf as null)"
     return None
 
 

@@ -29,6 +29,9 @@ def test_entropy_collapse_fires_only_past_the_min_steps_and_the_fraction():
 def test_nonfinite_loss_and_flat_reward():
     assert nonfinite_loss(_train(policy_loss=[0.1, math.nan]), {}) == "policy/loss is nan at step 2"
     assert nonfinite_loss(_train(policy_loss=[0.1, 0.2]), {}) is None
+    # The trainer writes NaN as null: a loss NaN from the first step on is one too.
+    assert nonfinite_loss(_train(policy_loss=[None, None]), {}).startswith("policy/loss is null at step 1")
+    assert nonfinite_loss([{"kind": "train", "step": 1, "reward/mean": 0.1}], {}) is None  # no loss logged
     assert reward_flat(_train(reward_mean=[0.1, 0.5, 0.5, 0.5]), {"guard_flat_steps": 3}).startswith("reward flat")
     assert reward_flat(_train(reward_mean=[0.1, 0.5, 0.5, 0.5]), {"guard_flat_steps": 4}) is None
 

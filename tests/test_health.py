@@ -56,10 +56,26 @@ def test_nan_looks_at_the_last_records_only_and_at_keys_the_cell_logs():
     records = steps(8, policy__loss=0.5)
     records[2]["policy/loss"] = None  # long ago: the trainer skipped that update and went on
     assert health.nan_flag(records) is None
-    assert health.nan_flag(steps(8, policy__loss=None)) is None  # never logged: nothing to judge
+    assert health.nan_flag(steps(8, reward__mean=0.2)) is None  # no loss logged: nothing to judge
     assert health.nan_flag(steps(8, **{"timing__step": 1.0})) is None
     starts_later = steps(4, policy__loss=lambda step: None if step < 3 else 0.5)
     assert health.nan_flag(starts_later) is None  # the steps before its first loss logged none yet
+
+
+def test_nan_flags_a_loss_never_finite_from_the_first_step(tmp_path):
+    """The trainer writes NaN as null; a loss null at every step is a column of nulls in the
+    per-step frame (a key never written has no column), and health flags it."""
+    from trainer.metrics import MetricsLogger
+    from sweepkit.report.status import cell_metrics
+
+    with MetricsLogger(tmp_path / "metrics.jsonl", stdout=io.StringIO()) as logger:
+        for step in (1, 2, 3):
+            logger.log("train", step, {"reward/mean": 0.0, "timing/step": 0.1, "policy/loss": float("nan")})
+    _, records = cell_metrics(tmp_path)
+    assert [record["policy/loss"] for record in records] == [None, None, None]
+    flag = health.nan_flag(records)
+    assert flag.name == "nan" and "policy/loss has no finite value in 3 steps" in flag.reason
+    assert "policy/grad_norm" not in records[0]  # never written: no column, no flag
 
 
 def test_collapse_is_the_reports_entropy_collapse_rule():

@@ -11,8 +11,8 @@ and whether its lock is held. The rules, and why each is drawn where it is:
   (JSON has neither), so a null counts too once the key has had a finite value at an earlier
   step (the per-step frame cannot tell a null written from a key a step did not log; a key
   logged only at some steps would read as NaN at the others); a ``WANDB_MIRROR`` line may
-  carry ``NaN`` itself. A run whose loss was never finite is not seen: a key whose every
-  value is null is no column of the per-step frame.
+  carry ``NaN`` itself. A key the cell wrote only as null, never finite, counts too: the
+  per-step frame keeps such a key as a column of nulls, and a key never written has none.
 - ``collapse``: the report's ``entropy_collapse`` rule, computed by the report's own
   expressions (:data:`sweepkit.report.tables.AGGREGATES`): the mean ``policy/entropy`` of
   the last steps below ``COLLAPSE_FRACTION`` (0.2) of the first steps' (each window a tenth
@@ -109,7 +109,8 @@ def last_value(records: Sequence[Record], key: str) -> float | None:
 
 
 def nan_flag(records: Sequence[Record]) -> Flag | None:
-    """``nan``: a watched key not finite (or null, after a finite value) in the last records."""
+    """``nan``: a watched key not finite (or null, after a finite value) in the last records,
+    or written at every step as null only."""
     start = max(0, len(records) - NAN_WINDOW)
     for key in FINITE_KEYS:
         for index in reversed(range(start, len(records))):
@@ -123,6 +124,10 @@ def nan_flag(records: Sequence[Record]) -> Flag | None:
                                                  f"NaN and inf as null)")
             elif not finite(value):
                 return Flag(name=NAN, reason=f"{key} is {value} at step {record['step']}")
+        if records and key in records[-1] and not any(finite(record.get(key)) for record in records):
+            # Written (it is a column), never finite: null from its first step on.
+            return Flag(name=NAN, reason=f"{key} has no finite value in {len(records)} steps (null at every "
+                                         f"step: the trainer writes NaN and inf as null)")
     return None
 
 

@@ -139,11 +139,14 @@ def bad_lines(directory: Path) -> list[tuple[int, str]]:
 def _per_step(frame: pl.LazyFrame) -> pl.LazyFrame:
     """``kind``, ``step`` (Int64) and the numeric metrics as Float64, the last record of
     each (kind, step). Strings and nested values (the ``info`` record's device, knobs) are
-    not metrics: the report reads them from the file's first records (``run_info``)."""
+    not metrics: the report reads them from the file's first records (``run_info``). A key
+    written only as null (the trainer's NaN or inf at every step) stays, a Float64 column of
+    nulls: health tells it from a key never written, which has no column."""
     import polars as pl
 
     schema = frame.collect_schema()
-    numeric = [name for name, dtype in schema.items() if dtype.is_numeric() and name != "step"]
+    numeric = [name for name, dtype in schema.items()
+               if (dtype.is_numeric() or dtype == pl.Null) and name != "step"]
     return (
         frame.filter(pl.col("kind").is_not_null() & pl.col("step").is_not_null())
         .select(pl.col("kind"), pl.col("step").cast(pl.Int64), *(pl.col(name).cast(pl.Float64) for name in numeric))
