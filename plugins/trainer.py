@@ -44,7 +44,6 @@ dependencies but no hub access (a benchmark machine, a cluster's GPU node):
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -54,7 +53,7 @@ from sweepkit import hookimpl
 from sweepkit_plugins.cluster_offline import warn
 from sweepkit.run.executors.warm import WarmTarget
 from sweepkit.errors import UsageError
-from sweepkit.state.records import CKPT_DIR, METRICS_FILE, cell_dir
+from sweepkit.state.records import CKPT_DIR, cell_dir
 from trainer.config import ConfigError, TrainerConfig, check_type, schema
 from trainer.data import MATH_NAMES
 from trainer.shapes import RANDOM_PREFIX, TINY_MODEL
@@ -279,34 +278,18 @@ def sweep_checkpoint_pointer(cell, entry, session):
 def sweep_export_checkpoint(cell, step_dir, to, session):
     """A checkpoint the trainer wrote (``trainer_state.json`` and ``model.safetensors`` in it),
     whatever the cell's target, converted by ``python -m trainer.export`` in a process of its
-    own (sweepkit never imports torch), in the run's compute dtype (its ``info`` record's)."""
+    own (sweepkit never imports torch), in the run's compute dtype (which ``trainer.export``
+    reads from the ``run_info.json`` beside the checkpoints)."""
     step_dir = Path(step_dir)
     if not all((step_dir / name).is_file() for name in EXPORT_NEEDS):
         return None
     argv = [sys.executable, "-m", "trainer.export", str(step_dir), "--to", str(to)]
-    dtype = _run_info(cell_dir(session.runs_dir, cell)).get("dtype")
-    if dtype in ("float32", "bfloat16"):
-        argv += ["--dtype", dtype]
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-20:]
         raise UsageError(f"{cell.nodeid}: python -m trainer.export {step_dir} failed (exit {done.returncode}); "
                          "nothing was written for it", *said)
     return sorted(path for path in Path(to).rglob("*") if path.is_file())
-
-
-def _run_info(directory: Path) -> dict:
-    """The first ``info`` record of a cell's ``metrics.jsonl`` (the run's device and dtype), or {}."""
-    try:
-        with open(directory / METRICS_FILE) as handle:
-            for line in handle:
-                if '"info"' in line:
-                    record = json.loads(line)
-                    if isinstance(record, dict) and record.get("kind") == "info":
-                        return record
-    except (OSError, ValueError):
-        pass
-    return {}
 
 
 @hookimpl

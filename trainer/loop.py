@@ -81,7 +81,7 @@ from typing import NoReturn
 import attrs
 import torch
 
-from trainer import checkpoint, parallel
+from trainer import checkpoint, parallel, startup
 from trainer.advantages import advantages_for
 from trainer.batch import Batch
 from trainer.config import TrainerConfig
@@ -92,7 +92,6 @@ from trainer.rollout import SamplingParams
 from trainer.setup import Run, set_up
 from trainer.stopping import StopRequest, Stopped
 from trainer.timing import Verdict
-from trainer import startup
 from trainer.packing import plan_packing
 from trainer.update import update_policy
 

@@ -32,12 +32,12 @@ from pathlib import Path
 import attrs
 
 from sweepkit.end.cells import human_bytes, refusal, selected_cells
-from sweepkit.end.pick import Choice, checkpoint_entries, pick, step_of
+from sweepkit.end.pick import Choice, checkpoint_entries, column_specs, pick, step_of
 from sweepkit.errors import ExitCode, UsageError
 from sweepkit.state import checkpoints as ck
 from sweepkit.state import records as st
 from sweepkit.state import transitions
-from sweepkit.state.files import CellLock
+from sweepkit.state.files import CellLock, write_atomic
 
 KEEP = ("best", "last", "none")
 _POINTED = re.compile(r"^(?:global_step_)?(\d+)$")
@@ -135,12 +135,6 @@ def plan_clean(session, cell, keep: str, by: str | None, specs) -> CleanPlan:
                      sizes=tuple(entry_bytes(entry) for entry in doomed))
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(text)
-    os.replace(temp, path)
-
-
 def apply(plan: CleanPlan, keep: str) -> bool:
     """Delete what ``plan`` lists, holding the cell's ``.lock``, and record it; False (nothing
     deleted) when the cell started or stopped being finished since it was planned."""
@@ -152,7 +146,7 @@ def apply(plan: CleanPlan, keep: str) -> bool:
         if state is None or state.state not in st.FINISHED or state.previous is not None:
             return False
         for pointer, text in plan.rewrites:  # first: a kill mid-way leaves it naming a step that is there
-            _write_atomic(pointer, text)
+            write_atomic(pointer, lambda temp, text=text: temp.write_text(text))
         ck.delete_checkpoints(plan.doomed)
         by = keep if plan.kept is None or plan.kept.metric is None else plan.kept.metric.name
         transitions.cleaned(plan.directory, kept=plan.kept.step if plan.kept else None,
@@ -162,19 +156,13 @@ def apply(plan: CleanPlan, keep: str) -> bool:
         lock.release()
 
 
-def _column_specs(session) -> tuple:
-    from sweepkit.report.registry import report_registry
-
-    return tuple(report_registry(session).columns().values())
-
-
 def clean_command(session) -> int:
     options = session.options
     keep, yes = options.keep, options.yes
     if options.by and keep != "best":
         raise UsageError(f"--by {options.by}: only --keep best picks by a metric (got --keep {keep})")
     cells = selected_cells(session)
-    specs = _column_specs(session)
+    specs = column_specs(session)
     plans, refused, errors = [], [], []
     for cell in cells:
         why = refusal(session, cell)

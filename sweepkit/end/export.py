@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from sweepkit.end.cells import human_bytes, refusal, selected_cells
-from sweepkit.end.pick import Choice, pick
+from sweepkit.end.pick import Choice, column_specs, pick
 from sweepkit.errors import ExitCode, UsageError
 from sweepkit.state import records as st
 from sweepkit.state.files import write_json
@@ -88,16 +88,10 @@ def manifest(session, cell, choice: Choice, target: Path) -> dict:
     }
 
 
-def _column_specs(session) -> tuple:
-    from sweepkit.report.registry import report_registry
-
-    return tuple(report_registry(session).columns().values())
-
-
 def plan_exports(session, cells, root: Path) -> tuple[list[tuple], list[tuple]]:
     """``(cell, choice, target)`` of each finished cell and ``(cell, why)`` of each refused one;
     UsageError with every cell's problem when any cannot be exported as asked."""
-    options, specs = session.options, _column_specs(session)
+    options, specs = session.options, column_specs(session)
     planned, refused, errors = [], [], []
     for cell in cells:
         why = refusal(session, cell)

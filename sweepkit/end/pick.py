@@ -114,6 +114,14 @@ def checkpoints(cell, session) -> list[Checkpoint]:
     return [found[step] for step in sorted(found)]
 
 
+def column_specs(session) -> tuple:
+    """The report's column specs (``ReportColumn``): they say which metric a column reads and
+    which direction is better."""
+    from sweepkit.report.registry import report_registry
+
+    return tuple(report_registry(session).columns().values())
+
+
 def metric_of(by: str | None, specs: Iterable) -> Metric:
     """The metric ``--by`` names (None: :data:`DEFAULT_METRIC`): a report column that reads one
     metric maps to it, with the column's direction; a metric name keeps its own, from a column

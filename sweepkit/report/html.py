@@ -45,7 +45,7 @@ import polars as pl
 
 from sweepkit.report.charts import GREY, MAX_WARMUP_MARKERS, PALETTE, finite, svg_chart, thin
 from sweepkit.report.delta_chart import DELTA_CHARTS, FINDINGS, NO_CALL, DeltaRow, svg_delta_chart
-from sweepkit.report.renderers import write_atomic
+from sweepkit.state.files import write_atomic
 
 # (column of the per-step frame, chart title)
 CURVES = (

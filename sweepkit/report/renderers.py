@@ -24,17 +24,9 @@ from sweepkit.report.columns import BY_NAME, COLUMNS, ReportColumn
 from sweepkit.report.registry import GridReport
 from sweepkit.run.progress import status_text
 from sweepkit.screen import Column, print_table
+from sweepkit.state.files import write_atomic
 
 # -- files ------------------------------------------------------------------------------
-
-
-def write_atomic(path: Path, write: Callable[[Path], Any]) -> Path:
-    """``write(temp)``, then the temp file renamed to ``path``: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    write(temp)
-    temp.replace(path)
-    return path
 
 
 def table_files(extension: str, write: Callable[[Any, Path], Any]) -> Callable[[GridReport], list[Path]]:

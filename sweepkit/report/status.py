@@ -3,7 +3,7 @@
 Nothing here needs the driver that started the cells: a cell is running iff its lock is
 held, and its step, sec/step and reward come from its metrics, read by the one reader of
 per-step frames that ``sweep report`` and the live display use too
-(:func:`sweepkit.state.metrics.summary`: the expressions of ``metrics.SUMMARY``). So ``status`` works while
+(:func:`sweepkit.state.metrics.read`, summed up by ``metrics.summarize_frame``). So ``status`` works while
 a driver runs, after it exited, and after it was killed. A cell whose fresh attempt has
 not started yet shows no numbers (and no job or failure of its earlier run): the files it
 still holds until it starts are that run's. One whose fresh attempt its driver will never
@@ -187,15 +187,9 @@ def cell_metrics(directory: Path) -> tuple[metrics.Summary, list[dict]]:
     of its per-step frame."""
     import polars as pl
 
-    found = metrics.source(directory)
-    try:
-        updated = found[1].stat().st_mtime if found else None
-    except FileNotFoundError:  # a fresh start removed it between the two looks
-        return metrics.Summary(), []
-    scanned = metrics.scan(directory)
-    if scanned is None:
+    frame, updated = metrics.read(directory)
+    if frame is None:
         return metrics.Summary(updated=updated), []
-    frame = scanned.collect()
     read = [name for name in ("step", *health.READS) if name in frame.columns]
     steps = frame.filter(pl.col("kind") == "train").select(read).to_dicts()
     return metrics.summarize_frame(frame, updated=updated), steps

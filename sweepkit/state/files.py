@@ -22,7 +22,7 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,15 @@ class DamagedFile(ValueError):
         self.path = Path(path)
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(temp)``, then the temp file renamed to ``path``: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    write(temp)
+    temp.replace(path)
+    return path
 
 
 def write_json(path: Path, data: Any) -> None:

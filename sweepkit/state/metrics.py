@@ -275,14 +275,22 @@ def summarize(records: Iterable[dict[str, Any]], updated: float | None = None) -
     return summarize_frame(frame, updated)
 
 
-def summary(directory: Path) -> Summary:
-    """A cell's :class:`Summary` from its files (``sweep status``)."""
+def read(directory: Path) -> tuple[pl.DataFrame | None, float | None]:
+    """A cell's per-step frame, collected (None without metrics), and its metrics file's mtime
+    (None without one, or when a fresh start removed it between the two looks)."""
     found = source(directory)
     try:
         updated = found[1].stat().st_mtime if found else None
-    except FileNotFoundError:  # a fresh start removed it between the two looks
-        return Summary()
-    return summarize_frame(scan(directory), updated=updated)
+    except FileNotFoundError:
+        return None, None
+    scanned = scan(directory)
+    return (None if scanned is None else scanned.collect()), updated
+
+
+def summary(directory: Path) -> Summary:
+    """A cell's :class:`Summary` from its files."""
+    frame, updated = read(directory)
+    return summarize_frame(frame, updated=updated)
 
 
 class Follower:

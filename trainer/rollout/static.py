@@ -294,8 +294,9 @@ class StaticEngine(RolloutEngine):
         self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         self.top_p.fill_(params.top_p)
         if self.cuda_graphs and (bucket, mode) not in self.graphs:
-            with startup.phase("decode graph capture"):  # its warm-up steps compile the decode step
-                self._capture(bucket, mode)  # before the prefill: its warm-up steps scribble on the state
+            # Before the prefill: the capture's warm-up steps (which compile the decode step) scribble on the state.
+            with startup.phase("decode graph capture"):
+                self._capture(bucket, mode)
 
         # Prefill: each distinct prompt once, its K/V copied into the rows of its samples.
         repeats = torch.tensor([owner.count(i) for i in distinct], device=self.device)
