@@ -61,7 +61,9 @@ def load_model_and_tokenizer(
             raise ConfigError(f"model: unknown random shape {cfg.model!r}; known: {known}")
         shape = RANDOM_SHAPES[name]
         tokenizer = builtin_tokenizer(cfg, vocab_size=shape["vocab_size"])
-        model = random_model(shape, tokenizer, seed=cfg.seed,
+        # Built where it runs: initialising a 1.5B shape on the host took 28 s of an H100
+        # run's start (benchmarks/RESULTS.md), on the GPU it is one kernel a tensor.
+        model = random_model(shape, tokenizer, seed=cfg.seed, device=device,
                              vocab_size=len(tokenizer) if cfg.dataset == "synthetic" else None)
     else:
         model, tokenizer = pretrained(cfg.model, dtype=dtype)
@@ -134,8 +136,12 @@ def _tokenizer_class(name_or_path: str):
     return transformers.AutoTokenizer
 
 
-def random_model(shape: dict, tokenizer, *, seed: int, vocab_size: int | None = None):
-    """A randomly initialised causal LM of ``shape``, the same weights for the same seed."""
+def random_model(shape: dict, tokenizer, *, seed: int, vocab_size: int | None = None,
+                 device: Union[str, torch.device, None] = None):
+    """A randomly initialised causal LM of ``shape``, the same weights for the same seed and
+    kind of device. ``device``: where its parameters are created and initialised (None: the
+    current default device); a CUDA device draws them from its own generator, so a shape
+    built there differs from the same seed's on the CPU."""
     shape = dict(shape)
     config_class, model_class = _ARCHITECTURES[shape.pop("architecture")]
     if vocab_size is not None:
@@ -147,7 +153,8 @@ def random_model(shape: dict, tokenizer, *, seed: int, vocab_size: int | None = 
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
-    with torch.random.fork_rng(devices=[]):
+    device = torch.get_default_device() if device is None else torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
         torch.manual_seed(seed)
         model = model_class(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
