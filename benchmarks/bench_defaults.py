@@ -1,7 +1,7 @@
 """The trainer at its defaults, side by side in one run: what a grid cell gets with nothing
 hand-set but ``enforce_eager=false``.
 
-For each model shape, ``bench_trainer.py`` runs in its own process once per run named in ``--runs``:
+For each model shape, ``bench_trainer.py`` runs in its own process four times:
 
 * ``cold``: the default (micro-batches packed by tokens), with an empty compile cache: the
   first step a sweep's first cell pays;
@@ -9,8 +9,6 @@ For each model shape, ``bench_trainer.py`` runs in its own process once per run 
 * ``micro8``: the old default, a hand-set micro-batch of 8 rows;
 * ``cap64``: the default in a process capped at 64 GB of the card (an A100-64GB's worth):
   the packing must fit it, never OOM;
-* ``torchproj``: the default with the decode layer's projections as torch ops
-  (``decode_projections=torch``), against the fused Triton ones the default takes on CUDA;
 
 and, with ``--compare trl``, TRL's GRPOTrainer on the same shape (``bench_trl.py``). It
 prints each run's sec/step (steady steps), first step, peak memory and each step's time, and
@@ -36,7 +34,6 @@ RUNS = {
     "warm": [],
     "micro8": ["--set", "micro_train_batch_size_per_gpu=8"],
     "cap64": ["--memory-gb", "64"],
-    "torchproj": ["--set", "decode_projections=torch"],
 }
 
 
@@ -104,8 +101,6 @@ def main(argv=None) -> int:
         default = results.get("warm") or results.get("cold")
         if default and results.get("micro8"):
             print(f"  micro8 / default: {results['micro8']['sec_per_step'] / default['sec_per_step']:.2f}x")
-        if default and results.get("torchproj"):
-            print(f"  torchproj / default: {results['torchproj']['sec_per_step'] / default['sec_per_step']:.2f}x")
         if default and results.get("trl"):
             print(f"  trl / default: {results['trl']['sec_per_step'] / default['sec_per_step']:.1f}x")
     return 0

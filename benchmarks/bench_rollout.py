@@ -33,7 +33,6 @@ from trainer.models import load_model_and_tokenizer  # noqa: E402
 from trainer.rollout import SamplingParams  # noqa: E402
 from trainer.rollout.attention import DECODE_ATTENTION  # noqa: E402
 from trainer.rollout.hf import HFEngine  # noqa: E402
-from trainer.rollout.projections import DECODE_PROJECTIONS  # noqa: E402
 from trainer.rollout.static import StaticEngine  # noqa: E402
 
 VARIANTS = ("hf", "static-eager", "static-graph", "static-compiled")
@@ -51,8 +50,6 @@ def parse_args(argv=None):
     parser.add_argument("--json", help="also write every number to this file")
     parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", *DECODE_ATTENTION],
                         help="decode attention of the static variants (each variant runs with each)")
-    parser.add_argument("--projections", nargs="+", default=["auto"], choices=["auto", *DECODE_PROJECTIONS],
-                        help="the static variants' decode projections (each variant runs with each)")
     parser.add_argument("--sampler", nargs="+", default=["auto"], choices=["auto", "fused", "torch"],
                         help="the static variants' sampler in the plain mode: the fused Triton one, torch ops, "
                              "or auto (fused on CUDA)")
@@ -68,13 +65,12 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto",
-         projections="auto"):
+def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto"):
     if variant == "hf":
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
-                        compile_step=variant == "static-compiled", attention=attention, projections=projections,
+                        compile_step=variant == "static-compiled", attention=attention,
                         fused_sampler={"auto": None, "fused": True, "torch": False}[sampler])
 
 
@@ -115,9 +111,9 @@ def main(argv=None) -> int:
     results = []
     print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
-    runs = [(v, None, None, None) if v == "hf" else (v, a, f, p) for v in args.variants for a in args.attention
-            for f in args.sampler for p in args.projections]
-    for variant, attention, sampler, projections in dict.fromkeys(runs):
+    runs = [(v, None, None) if v == "hf" else (v, a, f) for v in args.variants for a in args.attention
+            for f in args.sampler]
+    for variant, attention, sampler in dict.fromkeys(runs):
         for batch in args.batch:
             if variant == "hf" and batch > args.hf_max_batch:
                 continue
@@ -126,7 +122,7 @@ def main(argv=None) -> int:
             try:
                 built = time.perf_counter()
                 engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto",
-                              sampler or "auto", projections or "auto")
+                              sampler or "auto")
                 engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
                 if variant != "hf":
                     engine.stop_tensor = torch.tensor([-1], device=device)
@@ -140,9 +136,8 @@ def main(argv=None) -> int:
                 sync(device)
                 seconds = time.perf_counter() - started
                 tokens = int(out.response_mask.sum().item())
-                label = variant if variant == "hf" else (f"{variant}/{engine.attention.name}/"
-                                                         f"{'fused' if engine.fused_sampler else 'torch'}/"
-                                                         f"{engine.projections.name}")
+                label = variant if variant == "hf" else \
+                    f"{variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}"
                 row = {"variant": label, "batch": batch, "seconds": seconds, "tokens": tokens,
                        "tokens_per_s": tokens / seconds, "setup_s": setup_s,
                        "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}
@@ -166,31 +161,31 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-    print(f"\n{'variant (engine/attention/sampler/projections)':<48}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
+    print(f"\n{'variant':<32}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
     for row in results:
         if "error" in row:
-            print(f"{row['variant']:<48}{row['batch']:>6}  error: {row['error'][:80]}")
+            print(f"{row['variant']:<32}{row['batch']:>6}  error: {row['error'][:80]}")
             continue
         step = f"{row['step_ms']:.2f}" if row.get("step_ms") else "-"
         syncs = f"{row['sync_ms']:.2f}" if row.get("sync_ms") is not None else "-"
-        print(f"{row['variant']:<48}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
+        print(f"{row['variant']:<32}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
               f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     for attention in args.attention if args.profile else ():
         profile_decode(model, tokenizer, device, dtype, args.profile, columns, args.profile_variant, attention,
-                       args.sampler[0], args.projections[0])
+                       args.sampler[0])
     return 0
 
 
-def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention, sampler, projections):
+def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention, sampler):
     """Kernel time of decode steps, by kernel: where a step's time goes on the device.
 
     ``static-eager`` profiles eager steps; a graph variant profiles replays of its captured
     step (the kernels a run's decode actually launches)."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention, sampler, projections)
+    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention, sampler)
     prompts = [[7] * 16 for _ in range(batch)]
     engine.generate(prompts, SamplingParams(n=1, max_new_tokens=4, seed=0))
     mode = engine._mode(SamplingParams(n=1, max_new_tokens=1))
@@ -207,8 +202,7 @@ def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, att
             graph.replay() if graph is not None else engine._decode_step(batch, mode)
         sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(f"profile: {variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}/"
-          f"{engine.projections.name}, batch {batch}, 5 steps at column {columns // 2}")
+    print(f"profile: {variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}, batch {batch}, 5 steps at column {columns // 2}")
     print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
 
 if __name__ == "__main__":

@@ -22,12 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 def registries() -> dict[str, dict]:
     """Each group of names' implementing registry, by config key."""
     from trainer import advantages, losses, rollout
-    from trainer.rollout import attention, projections
+    from trainer.rollout import attention
 
     return {
         "backend": rollout.ENGINES,
         "decode_attention": attention.DECODE_ATTENTION,
-        "decode_projections": projections.DECODE_PROJECTIONS,
         "advantage_estimator": advantages.ESTIMATORS,
         "policy_loss_type": losses.LOSS_TYPES,
         "loss_reduction": losses.REDUCTIONS,
@@ -40,7 +39,7 @@ def test_every_registry_implements_exactly_its_names():
     assert found.keys() == names.ALL.keys()  # a new group of names needs its registry here
     for key, registry in found.items():
         assert set(registry) == set(names.ALL[key].implemented_names()), key
-    for key in ("decode_attention", "decode_projections", "advantage_estimator", "policy_loss_type", "loss_reduction",
+    for key in ("decode_attention", "advantage_estimator", "policy_loss_type", "loss_reduction",
                 "kl_estimator_type"):
         for name, implementation in found[key].items():
             assert implementation.__module__ == names.ALL[key].module(name), (key, name)
@@ -99,7 +98,6 @@ AT_IMPORT = textwrap.dedent("""
             ("LOSS_REDUCTIONS", "trainer.losses", "trainer.losses"),
             ("KL_ESTIMATORS", "trainer.losses", "trainer.losses"),
             ("DECODE_ATTENTIONS", "trainer.rollout.attention", "trainer.rollout.attention"),
-            ("DECODE_PROJECTIONS", "trainer.rollout.projections", "trainer.rollout.projections"),
             ("BACKENDS", "trainer.rollout", "trainer.rollout.sglang")]:
         group = getattr(names, attribute)
         setattr(names, attribute, attrs.evolve(group, implemented=(*group.implemented, Name("extra", "-", extra))))
@@ -120,7 +118,7 @@ def test_each_registry_refuses_at_import_a_name_it_does_not_implement():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 7 and all(" refused: " in line for line in lines), out.stdout
+    assert len(lines) == 6 and all(" refused: " in line for line in lines), out.stdout
     assert "trainer.advantages.ESTIMATORS: implements no 'extra'" in lines[0]
     assert "trainer.rollout.sglang, which do not exist" in lines[-1]
 

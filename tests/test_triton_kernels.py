@@ -20,14 +20,12 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-import torch.nn.functional as F
 
 from trainer.config import TrainerConfig
 from trainer.models import byte_tokenizer, load_model_and_tokenizer, random_model
 from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import split_kv
 from trainer.rollout.attention import choose
-from trainer.rollout.projections import choose as choose_projections
 from trainer.rollout.split_kv import SPLIT, split_kv_decode, split_kv_reference
 from trainer.rollout.fused_attention import fused_decode_attention
 from trainer.rollout.fused_sampling import softmax_sample
@@ -217,27 +215,28 @@ def test_the_fused_engine_decodes_what_the_sdpa_engine_does(device, architecture
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name, projections", [("split-kv", "torch"), ("fused", "torch"), ("fused", "fused")])
-def test_the_compiled_layer_step_writes_the_cache_in_place(device, name, projections):
+@pytest.mark.parametrize("name", ["split-kv", "fused"])
+def test_the_compiled_layer_step_writes_the_cache_in_place(device, name):
     """torch.compile must write the step's K/V into the cache itself: a mutation it cannot
     do in place becomes a copy of the layer's whole cache at every step (a 3x slower decode
     step on an H200, seen when the unfused path took K and V as one view and unbound it);
     and it must not add the attention's output to the residual through addmm."""
     from torch._inductor.utils import run_and_get_code
 
+    from trainer.rollout.static import _decode_layer
+
     model, tokenizer = tiny_policy(device)
     engine = StaticEngine(model, tokenizer, device=device, dtype=torch.float32, max_rows=4, max_columns=64,
-                          attention=name, projections=projections)
-    layer_step = engine.projections.layer_step
+                          attention=name)
     engine.generate([[5, 6, 7]] * 4, SamplingParams(n=1, max_new_tokens=3, temperature=0.0))  # a decode state
     b, layer = 4, engine.layers[0]
     h = torch.randn(b, engine.hidden, device=device)
     cos, sin = engine.cos[engine.positions[:b]][:, None], engine.sin[engine.positions[:b]][:, None]
     context = engine.attention.prepare(engine, b)
     expected_cache = engine.cache.clone()
-    expected, _ = layer_step(engine, h, torch.zeros_like(h), layer,
-                             engine.attention.layer_cache(expected_cache, 0, b), cos, sin, context)
-    (out, _), codes = run_and_get_code(torch.compile(layer_step, dynamic=False), engine, h, torch.zeros_like(h),
+    expected, _ = _decode_layer(engine, h, torch.zeros_like(h), layer,
+                                engine.attention.layer_cache(expected_cache, 0, b), cos, sin, context)
+    (out, _), codes = run_and_get_code(torch.compile(_decode_layer, dynamic=False), engine, h, torch.zeros_like(h),
                                        layer, engine.attention.layer_cache(engine.cache, 0, b), cos, sin, context)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(engine.cache, expected_cache, atol=1e-5, rtol=1e-5)  # the write reached the cache
@@ -245,13 +244,10 @@ def test_the_compiled_layer_step_writes_the_cache_in_place(device, name, project
     layer_k = engine.cache[0, 0, :b].numel()
     shapes = [[int(n) for n in dims.split(",") if n.strip()]
               for dims in re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", code)]
-    assert all(math.prod(shape) < layer_k for shape in shapes), shapes
-    # With the torch ops, one addmm, the qkv projection's bias: a residual added through addmm
-    # is copied into its output first (a copy a layer, 35 us a step at batch 128 on an H200).
-    # The fused projections add the bias and the residual in their own kernels.
-    assert code.count("addmm(") == (1 if projections == "torch" else 0), code
-    if projections == "torch":
-        assert shapes
+    assert shapes and all(math.prod(shape) < layer_k for shape in shapes), shapes
+    # One addmm, the qkv projection's bias: a residual added through addmm is copied into its
+    # output first (a copy a layer, 35 us a step at batch 128 on an H200).
+    assert code.count("addmm(") == 1, code
 
 
 def tiny_policy(device):
@@ -356,104 +352,6 @@ def test_each_decode_step_of_the_fused_sampler_draws_fresh_noise(device):
     assert out.token_lists()[0] != out.token_lists()[1]
 
 
-# The fused decode projections. Sizes that fill no tile exactly: 5 or 20 rows, K = 96 (one and a
-# half 64-wide K blocks), N = 80 (two and a half 32-wide N blocks).
-
-def projection_inputs(device, dtype, rows, k=96, n=80, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    make = lambda *shape, scale=1.0: (torch.randn(shape, generator=generator) * scale).to(device, dtype)  # noqa: E731
-    return dict(x=make(rows, k), add=make(rows, k, scale=0.3), norm=(1 + torch.rand(k, generator=generator)).to(
-        device, dtype), weight=make(n, k, scale=k ** -0.5), bias=make(n, scale=0.1), residual=make(rows, n // 2))
-
-
-def tolerance(device, dtype):
-    """fp32 to its rounding; bf16 to a few of its units in the last place on the GPU. Triton's
-    CPU interpreter rounds fp32 to bf16 toward zero (a GPU rounds to nearest), so there a
-    bf16 value may sit an ulp off and its products drift further."""
-    if dtype == torch.float32:
-        return dict(atol=1e-5, rtol=1e-5)
-    return dict(atol=0.04, rtol=0.02) if device == "cuda" else dict(atol=0.25, rtol=0.05)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows, tiles", [(5, None), (20, [16, 16, 32, 4, 2])])
-@pytest.mark.parametrize("add, bias", [(True, True), (False, False)])
-def test_norm_linear_equals_the_residual_add_norm_and_projection(device, dtype, rows, tiles, add, bias):
-    """Several row blocks (the second tile): each block's residual sum is written once, whole."""
-    x = projection_inputs(device, dtype, rows)
-    summed, out = torch.ops.trainer.norm_linear(x["x"], x["add"] if add else None, x["norm"], x["weight"],
-                                                x["bias"] if bias else None, 1e-6, tiles=tiles)
-    h = x["x"] + x["add"] if add else x["x"]
-    expected = F.linear(F.rms_norm(h, (h.shape[1],), x["norm"], 1e-6), x["weight"], x["bias"] if bias else None)
-    torch.testing.assert_close(out, expected, **tolerance(device, dtype))
-    if add:
-        torch.testing.assert_close(summed, h, **(tolerance(device, dtype) if INTERPRETED else dict(atol=0, rtol=0)))
-    else:
-        assert summed.numel() == 0
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows, tiles", [(5, None), (20, [16, 16, 32, 4, 2])])
-def test_norm_linear_with_silu_mul_equals_the_gated_mlp_input(device, dtype, rows, tiles):
-    x = projection_inputs(device, dtype, rows)
-    _, out = torch.ops.trainer.norm_linear(x["x"], None, x["norm"], x["weight"], None, 1e-6, silu_mul=True,
-                                           tiles=tiles)
-    gate, up = F.linear(F.rms_norm(x["x"], (x["x"].shape[1],), x["norm"], 1e-6), x["weight"]).chunk(2, dim=-1)
-    assert out.shape == (rows, x["weight"].shape[0] // 2)
-    torch.testing.assert_close(out, F.silu(gate) * up, **tolerance(device, dtype))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_residual_adds_the_projection_to_the_residual(device, dtype):
-    x = projection_inputs(device, dtype, 20)
-    weight, residual = x["weight"][:40], x["residual"]
-    out = torch.ops.trainer.linear_residual(x["x"], weight, residual, tiles=[16, 16, 32, 4, 2])
-    torch.testing.assert_close(out, residual + F.linear(x["x"], weight), **tolerance(device, dtype))
-
-
-def test_the_fused_projections_refuse_shapes_that_do_not_multiply():
-    x = torch.zeros(4, 96)
-    with pytest.raises(ValueError, match=r"norm_linear: x \(4, 96\) and weight \(80, 64\)"):
-        torch.ops.trainer.norm_linear(x, None, torch.ones(96), torch.zeros(80, 64), None, 1e-6)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
-def test_the_engine_decodes_the_same_with_either_projections(device, architecture):
-    if architecture == "qwen2":
-        model, tokenizer = tiny_policy(device)
-    else:
-        tokenizer = byte_tokenizer()
-        model = sharpen(random_model(QWEN3_TINY, tokenizer, seed=3, vocab_size=len(tokenizer)).eval()).to(device)
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("Tom has 3 apples", "x", "12 * 7 =")]
-    args = dict(device=device, dtype=torch.float32, max_rows=4, max_columns=64, attention="fused")
-    fused = StaticEngine(model, tokenizer, projections="fused", **args)
-    plain = StaticEngine(model, tokenizer, projections="torch", **args)
-    assert fused.projections.name == "fused" and plain.projections.name == "torch"
-    greedy = SamplingParams(n=1, max_new_tokens=8, temperature=0.0)
-    ours, theirs = fused.generate(prompts, greedy), plain.generate(prompts, greedy)
-    assert ours.token_lists() == theirs.token_lists()
-    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
-    torch.testing.assert_close(fused.cache, plain.cache, atol=1e-5, rtol=0)  # the same K/V at every layer
-
-
-def test_auto_projections_are_torch_on_the_cpu_and_fused_there_is_refused_by_name():
-    cpu = torch.device("cpu")
-    if not INTERPRETED:
-        assert choose_projections("auto", cpu).name == "torch"
-        with pytest.raises(ValueError, match="'fused'.*TRITON_INTERPRET=1.*'torch'"):
-            choose_projections("fused", cpu)
-        model, tokenizer = tiny_policy("cpu")
-        with pytest.raises(BackendUnavailable, match="decode projections 'fused'"):
-            StaticEngine(model, tokenizer, device="cpu", dtype=torch.float32, max_rows=2, max_columns=64,
-                         projections="fused")
-    with pytest.raises(ValueError, match="'cutlass'.*auto, torch, fused"):
-        choose_projections("cutlass", cpu)
-
-
 def test_auto_is_sdpa_on_the_cpu_and_split_kv_there_is_refused_by_name():
     cpu = torch.device("cpu")
     if not INTERPRETED:
@@ -484,7 +382,7 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from trainer.rollout import decode_linear, fused_attention, fused_sampling
+    from trainer.rollout import fused_attention, fused_sampling
 
     def build(fn, signature, constexprs, num_warps):
         source = ASTSource(fn=fn, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs)
@@ -510,18 +408,6 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
                        scale="fp32", columns="i32"),
                   dict(UPCAST=upcast, PRECISION=precision, Q_HEADS=14, KV_HEADS=2, GROUP=7, GROUP_TILE=16, D=64,
                        SPLIT=split_kv.SPLIT, HAS_NORM=norm), split_kv.NUM_WARPS)
-    for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
-        for flags in (dict(HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True, SILU_MUL=False, HAS_RESIDUAL=False),
-                      dict(HAS_ADD=False, HAS_NORM=True, HAS_BIAS=False, SILU_MUL=True, HAS_RESIDUAL=False),
-                      dict(HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, SILU_MUL=False, HAS_RESIDUAL=True)):
-            for block_m, block_n, block_k, warps, stages in (decode_linear.NORM_TILES, decode_linear.SILU_TILES,
-                                                            decode_linear.RESIDUAL_TILES):
-                build(decode_linear._kernel,
-                      dict(x_ptr=dtype, add_ptr=dtype, sum_ptr=dtype, norm_ptr=dtype, w_ptr=dtype, bias_ptr=dtype,
-                           res_ptr=dtype, out_ptr=dtype, M="i32", N="i32", K="i32", x_sm="i32", w_sn="i32",
-                           out_sm="i32", eps="fp32"),
-                      dict(**flags, UPCAST=upcast, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n,
-                           BLOCK_K=block_k), warps)
     tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
     build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
                                             rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)

@@ -3,8 +3,8 @@
 This module imports attrs and the standard library only (and :mod:`trainer.names`, which
 does the same), so that sweepkit's trainer plugin can validate grid files against
 :func:`schema` without torch. The keys that pick a named part (``backend``,
-``decode_attention``, ``decode_projections``, ``advantage_estimator``, ``policy_loss_type``,
-``loss_reduction``, ``kl_estimator_type``) take their choices and help text from :mod:`trainer.names`.
+``decode_attention``, ``advantage_estimator``, ``policy_loss_type``, ``loss_reduction``,
+``kl_estimator_type``) take their choices and help text from :mod:`trainer.names`.
 """
 
 from __future__ import annotations
@@ -218,7 +218,6 @@ class TrainerConfig:
         "torch.compile the static engine's decode step inside its CUDA graphs (fuses its small "
         "kernels; costs seconds of compilation per batch-size bucket on a run's first steps)"))
     decode_attention: str = _named(names.DECODE_ATTENTIONS, "auto")
-    decode_projections: str = _named(names.DECODE_PROJECTIONS, "auto")
     colocate_all: bool = attrs.field(default=True, metadata=_doc(
         "policy and rollout engines share the GPUs (engines sleep during training)"))
     num_inference_engines: int = attrs.field(default=1, validator=_positive, metadata=_doc(

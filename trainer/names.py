@@ -1,8 +1,7 @@
 """The names a config chooses among, each with what it means and the module that implements it.
 
 One home for the names of the trainer's pluggable parts: rollout engines (``backend``),
-the static engine's decode attentions (``decode_attention``) and projections
-(``decode_projections``), advantage estimators,
+the static engine's decode attentions (``decode_attention``), advantage estimators,
 policy loss types, loss reductions and KL estimators. :mod:`trainer.config` takes its
 choices and their help text from here; each implementing registry checks itself against
 its names when its module is imported (:meth:`Names.check`), so an implementation without
@@ -116,18 +115,6 @@ DECODE_ATTENTIONS = Names(
     ),
 )
 
-DECODE_PROJECTIONS = Names(
-    key="decode_projections",
-    what="the static engine's decode projections (a layer's work around its attention)",
-    auto=Name("auto", "fused on CUDA where Triton is installed, else torch", "trainer.rollout.projections"),
-    implemented=(
-        Name("torch", "PyTorch's ops: cuBLAS projections, the norms and SiLU compiled between them",
-             "trainer.rollout.projections"),
-        Name("fused", "Triton kernels with each norm, the residual add and SiLU folded into a projection",
-             "trainer.rollout.projections"),
-    ),
-)
-
 ADVANTAGE_ESTIMATORS = Names(
     key="advantage_estimator",
     what="advantage estimator",
@@ -170,5 +157,5 @@ KL_ESTIMATORS = Names(
 )
 
 #: Every group of names, by its config key.
-ALL = {names.key: names for names in (BACKENDS, DECODE_ATTENTIONS, DECODE_PROJECTIONS, ADVANTAGE_ESTIMATORS,
-                                      POLICY_LOSS_TYPES, LOSS_REDUCTIONS, KL_ESTIMATORS)}
+ALL = {names.key: names for names in (BACKENDS, DECODE_ATTENTIONS, ADVANTAGE_ESTIMATORS, POLICY_LOSS_TYPES,
+                                      LOSS_REDUCTIONS, KL_ESTIMATORS)}

@@ -41,10 +41,6 @@ engine takes those two ideas and nothing else:
   the columns in use and (``fused``, the default there) also rotates q and k and
   writes the token's K/V, so a layer's attention is two kernels (split, merge)
   between the qkv and out projections; elsewhere SDPA over every column with a mask.
-  The layer's work around its attention (:mod:`trainer.rollout.projections`,
-  ``decode_projections``) is, on CUDA, three Triton kernels that fold each RMS norm, the
-  residual add and SiLU into the qkv, out and gate/up projections, then cuBLAS's down
-  projection; elsewhere the torch ops, compiled.
 * **Stopping**: a row is done after its first stop token (the model's eos ids);
   done rows keep running with their outputs masked, and the host looks at the
   done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token.
@@ -73,7 +69,6 @@ from trainer.rollout import (
     BackendUnavailable, Generation, RolloutEngine, SamplingParams, pad_token_id, stop_token_ids,
 )
 from trainer.rollout import attention as decode_attention
-from trainer.rollout import projections as decode_projections
 from trainer.rollout import fused_sampling
 from trainer.rollout.sampling import sample_tokens
 
@@ -111,7 +106,7 @@ class StaticEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
                  memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
-                 attention: str = "auto", projections: str = "auto", fused_sampler: Optional[bool] = None):
+                 attention: str = "auto", fused_sampler: Optional[bool] = None):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -124,7 +119,6 @@ class StaticEngine(RolloutEngine):
         self.dtype = dtype
         try:
             self.attention = decode_attention.choose(attention, self.device)
-            self.projections = decode_projections.choose(projections, self.device)
         except ValueError as error:
             raise BackendUnavailable(str(error)) from None
         if fused_sampler is None:
@@ -176,8 +170,7 @@ class StaticEngine(RolloutEngine):
         compiled = compile_step and self.device.type == "cuda"
         # Default mode: max-autotune's Triton GEMMs made a step at batch 128 slower on an H200
         # (1.62 against 1.33 ms, benchmarks/RESULTS.md); the engine captures its own graphs.
-        layer_step = self.projections.layer_step
-        self._layer_step = torch.compile(layer_step, dynamic=False) if compiled else layer_step
+        self._layer_step = torch.compile(_decode_layer, dynamic=False) if compiled else _decode_layer
         self._sample_step = torch.compile(_sample_last, dynamic=False) if compiled else _sample_last
         self._logits_step = torch.compile(_last_logits, dynamic=False) if compiled else _last_logits
 
@@ -191,7 +184,7 @@ class StaticEngine(RolloutEngine):
                    max_columns=cfg.max_prompt_length + cfg.max_generate_length,
                    memory_fraction=cfg.gpu_memory_utilization, cuda_graphs=not cfg.enforce_eager,
                    compile_step=cfg.compile_decode and not cfg.enforce_eager,
-                   attention=cfg.decode_attention, projections=cfg.decode_projections)
+                   attention=cfg.decode_attention)
 
     @classmethod
     def inert_knobs(cls, cfg) -> dict[str, str]:
@@ -203,8 +196,6 @@ class StaticEngine(RolloutEngine):
             reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
             if cfg.decode_attention == "auto":
                 reasons["decode_attention"] = "on the CPU 'auto' is sdpa (the Triton kernels need CUDA)"
-            if cfg.decode_projections == "auto":
-                reasons["decode_projections"] = "on the CPU 'auto' is torch (the Triton kernels need CUDA)"
         elif cfg.enforce_eager:
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs (enforce_eager=False)"
         return reasons
@@ -419,7 +410,7 @@ class StaticEngine(RolloutEngine):
             attended = F.scaled_dot_product_attention(
                 q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), attn_mask=allowed)
             h = h + F.linear(attended.transpose(1, 2).reshape(count, width, -1), layer.out)
-            h = h + decode_projections.mlp(F.rms_norm(h, (self.hidden,), layer.post_norm, self.eps), layer)
+            h = h + _mlp(F.rms_norm(h, (self.hidden,), layer.post_norm, self.eps), layer)
         last = F.rms_norm(h[:, -1], (self.hidden,), self.final_norm, self.eps)  # left padding: the last column
         return last @ self.lm_head.T  # (u, V)
 
@@ -476,6 +467,25 @@ class StaticEngine(RolloutEngine):
         """The cache stays allocated: captured graphs hold its address (it was sized for that)."""
 
 
+def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, context):
+    """One layer of one decode step for b rows; writes K/V into its cache (the attention's
+    ``layer_cache``) at the step's column.
+
+    h (b, H) is the residual stream before the previous layer's MLP output ``mlp`` (zeros at
+    the first layer: one compiled graph serves every layer) is added; returns this layer's
+    (h, mlp) the same way. Each residual add is then an epilogue of the RMS norm that
+    follows it (one kernel when compiled), where ``addmm`` would first copy the residual
+    into its output."""
+    h = h + mlp
+    x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
+    qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (b, (q_heads + 2 kv_heads) d), before RoPE
+    attended = engine.attention.decode(engine, layer, qkv, cache, cos, sin, context)  # (b, q_heads d)
+    # (b, 1, H) through a view: inductor turns add(h, mm) into addmm, which copies h into its
+    # output first (a copy a layer); past the view, the add is the norm kernel's prologue.
+    h = h + (attended[:, None] @ layer.out.T)[:, 0]
+    return h, _mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
+
+
 def _last_logits(engine: StaticEngine, h, mlp):
     """The last MLP's add, the final norm and lm_head of one decode step: logits (b, V), compute dtype."""
     return F.rms_norm(h + mlp, (engine.hidden,), engine.final_norm, engine.eps) @ engine.lm_head.T
@@ -486,6 +496,11 @@ def _sample_last(engine: StaticEngine, h, mlp, noise, mode: tuple):
     top_k, top_p_on, greedy = mode
     return sample_tokens(_last_logits(engine, h, mlp), temperature=engine.temperature, top_k=top_k,
                          top_p=engine.top_p if top_p_on else None, greedy=greedy, noise=noise)
+
+
+def _mlp(x, layer: Layer):
+    gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, layer.down)
 
 
 def _rotate(x, cos, sin):
