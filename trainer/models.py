@@ -9,7 +9,7 @@
   not), else byte-level, so that GSM8K text round-trips;
 * ``"random:<shape>"``: a random-init model of a real architecture's shape (see
   :data:`RANDOM_SHAPES`) with a byte-level tokenizer padded to that vocabulary, for
-  throughput benchmarks without a download;
+  throughput benchmarks without a download, built and initialised on the run's device;
 * anything else: a local path or hub name for ``AutoModelForCausalLM``;
   ``local_files_only`` is set when ``HF_HUB_OFFLINE`` is.
 
@@ -61,8 +61,8 @@ def load_model_and_tokenizer(
             raise ConfigError(f"model: unknown random shape {cfg.model!r}; known: {known}")
         shape = RANDOM_SHAPES[name]
         tokenizer = builtin_tokenizer(cfg, vocab_size=shape["vocab_size"])
-        # Built where it runs: initialising a 1.5B shape on the host took 28 s of an H100
-        # run's start (benchmarks/RESULTS.md), on the GPU it is one kernel a tensor.
+        # Built where it runs: the 1.5B shape's build took 28 s on the host and 5.1 s on
+        # an H100 (benchmarks/RESULTS.md).
         model = random_model(shape, tokenizer, seed=cfg.seed, device=device,
                              vocab_size=len(tokenizer) if cfg.dataset == "synthetic" else None)
     else:
