@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -156,3 +157,28 @@ def test_batch_larger_than_the_split_exits_2(tmp_path):
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     assert result.returncode == EXIT_CONFIG
     assert "train_batch_size" in result.stderr
+
+
+def test_a_trainer_killed_by_a_fatal_signal_leaves_its_python_stack(tmp_path):
+    """A rank that segfaults inside a collective library must not die with its exit status
+    alone: the trainer's stderr gets every thread's Python stack (faulthandler)."""
+    import signal
+    import time
+
+    config = write_config(tmp_path, {"model": "tiny-random", "dataset": "synthetic", "max_steps": 100000,
+                                     "export_final": False, "eval_before_train": False})
+    process = subprocess.Popen([sys.executable, "-m", "trainer", str(config), "--ckpt-dir", str(tmp_path / "ckpt"),
+                                "--metrics", str(tmp_path / "metrics.jsonl")], cwd=tmp_path,
+                               env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and '"kind": "train"' in metrics.read_text()):
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "no train step within 120 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGSEGV)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in stderr, stderr[-2000:]
+    assert re.search(r'File ".*trainer[/\\]\w+\.py", line \d+', stderr), stderr[-2000:]

@@ -19,6 +19,7 @@ without the interpreter's teardown once its run is over
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -52,9 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stacks_on_fatal_signals() -> None:
+    """A process that dies on a fatal signal (a segfault inside a collective library, say)
+    writes every thread's Python stack to stderr, where the cell's log keeps it; without
+    this, a rank of a several-process run dies with its exit status (139) alone."""
+    try:
+        faulthandler.enable()
+    except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor (captured in-process)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_intermixed_args(argv)
+    _stacks_on_fatal_signals()
     try:
         cfg = TrainerConfig.from_json(args.config, args.overrides)
     except FileNotFoundError:
