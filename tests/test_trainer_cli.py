@@ -6,9 +6,11 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -162,9 +164,6 @@ def test_batch_larger_than_the_split_exits_2(tmp_path):
 def test_a_trainer_killed_by_a_fatal_signal_leaves_its_python_stack(tmp_path):
     """A rank that segfaults inside a collective library must not die with its exit status
     alone: the trainer's stderr gets every thread's Python stack (faulthandler)."""
-    import signal
-    import time
-
     config = write_config(tmp_path, {"model": "tiny-random", "dataset": "synthetic", "max_steps": 100000,
                                      "export_final": False, "eval_before_train": False})
     process = subprocess.Popen([sys.executable, "-m", "trainer", str(config), "--ckpt-dir", str(tmp_path / "ckpt"),

@@ -61,8 +61,6 @@ def load_model_and_tokenizer(
             raise ConfigError(f"model: unknown random shape {cfg.model!r}; known: {known}")
         shape = RANDOM_SHAPES[name]
         tokenizer = builtin_tokenizer(cfg, vocab_size=shape["vocab_size"])
-        # Built where it runs: the 1.5B shape's build took 28 s on the host and 5.1 s on
-        # an H100 (benchmarks/RESULTS.md).
         model = random_model(shape, tokenizer, seed=cfg.seed, device=device,
                              vocab_size=len(tokenizer) if cfg.dataset == "synthetic" else None)
     else:
