@@ -27,7 +27,7 @@ from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import split_kv
 from trainer.rollout.attention import choose
 from trainer.rollout.split_kv import SPLIT, split_kv_decode, split_kv_reference
-from trainer.rollout.fused_attention import fused_decode_attention
+from trainer.rollout.fused_attention import fused_decode_attention, shared_rows
 from trainer.rollout.fused_sampling import softmax_sample
 from trainer.rollout.static import PLAIN, StaticEngine
 
@@ -191,6 +191,69 @@ def test_fused_attention_rows_without_columns_and_columns_a_row_does_not_use(dev
     after = run(poisoned)
     assert torch.equal(after, before)
     assert torch.equal(after[2], torch.zeros_like(after[2]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("norm", [False, True], ids=["qwen2", "qwen3-norms"])
+def test_rows_that_share_a_prompt_read_its_columns_once(device, dtype, norm):
+    """Blocks of four rows sample one prompt (the same K/V in its 200 columns): with share=4
+    the kernel gives what it gives each row alone, and reads the prompt's whole splits from
+    the block's first row only (the others' copies can hold anything)."""
+    inputs = fused_inputs(device, dtype, norm=norm, rows=8)
+    prompt, share = 200, 4
+    cache = inputs["cache"]
+    for row in range(8):
+        cache[:, row, :, :prompt] = cache[:, row // share * share, :, :prompt]
+    first = torch.tensor([3] * 4 + [60] * 4, device=device)
+    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=8e-3)
+
+    def run(cache, column, **shared):
+        return fused_decode_attention(inputs["qkv"], inputs["cos"], inputs["sin"], cache, first,
+                                      torch.tensor([column], device=device), inputs["q_norm"], inputs["k_norm"],
+                                      1e-6, inputs["q_heads"], **shared)
+
+    poisoned = cache.clone()
+    for row in range(8):
+        if row % share:
+            poisoned[:, row, :, :SPLIT] = float("nan")  # the prompt's one whole split, in the other rows
+    shared = dict(shared_end=torch.tensor([prompt], device=device), share=share)
+    for column in (prompt, SPLIT + 100, COLUMNS - 1):
+        alone_cache, shared_cache, poisoned_cache = cache.clone(), cache.clone(), poisoned.clone()
+        alone = run(alone_cache, column)
+        together = run(shared_cache, column, **shared)
+        torch.testing.assert_close(together, alone, **tolerance, msg=lambda m: f"column {column}: {m}")
+        assert torch.equal(shared_cache, alone_cache)  # the step's K/V written as without sharing
+        assert torch.equal(run(poisoned_cache, column, **shared), together)
+        assert run(poisoned.clone(), column).isnan().any()  # without sharing each row reads its own copy
+    with pytest.raises(ValueError, match="share=3"):
+        run(cache.clone(), prompt, shared_end=shared["shared_end"], share=3)
+
+
+def test_the_rows_a_prompt_shares_are_aligned_blocks_of_one_prompt():
+    assert shared_rows([0, 0, 0, 0, 1, 1, 1, 1], group=7) == 4
+    assert shared_rows([0] * 16, group=7) == 8  # 8 x 7 query heads fill a 64-line tile
+    assert shared_rows([0] * 16, group=2) == 16
+    assert shared_rows([0, 0, 0, 1, 1, 1], group=7) == 1  # blocks of 2 would mix prompts 0 and 1
+    assert shared_rows([0, 0, 1, 1, 1, 1, 2, 2], group=7) == 2
+    assert shared_rows([5, 5, 5, 5, 6, 6], group=7) == 2  # 6 rows: blocks of 4 do not divide them
+    assert shared_rows([0, 1, 2, 3], group=7) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_fused_engine_with_samples_sharing_prompts_decodes_what_sdpa_does(device):
+    model, tokenizer = tiny_policy(device)
+    long = "Tom has 3 apples and buys 4 more; then he gives half of them to Ann, who eats one. " * 2
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in (long, "12 * 7 =")]
+    assert len(prompts[0]) > SPLIT  # a whole split of prompt columns, read once for its four samples
+    args = dict(device=device, dtype=torch.float32, max_rows=8, max_columns=2 * SPLIT + 64)
+    fused = StaticEngine(model, tokenizer, attention="fused", **args)
+    sdpa = StaticEngine(model, tokenizer, attention="sdpa", **args)
+    greedy = SamplingParams(n=4, max_new_tokens=6, temperature=0.0)
+    ours, theirs = fused.generate(prompts, greedy), sdpa.generate(prompts, greedy)
+    assert fused.share == 4 and sdpa.share == 1
+    assert ours.token_lists() == theirs.token_lists()
+    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -401,13 +464,15 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
           dict(SPLIT=split_kv.SPLIT, D=64, SPLITS_TILE=8), 1)
     for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
         for norm in (False, True):
-            build(fused_attention._fused_kernel,
-                  dict(qkv_ptr=dtype, qkv_sb="i32", cos_ptr=dtype, sin_ptr=dtype, cs_sb="i32", q_norm_ptr=dtype,
-                       k_norm_ptr=dtype, eps="fp32", cache_ptr=dtype, c_skv="i32", c_sb="i32", c_sh="i32",
-                       c_sc="i32", first_ptr="*i64", column_ptr="*i64", partial_ptr="*fp32", lse_ptr="*fp32",
-                       scale="fp32", columns="i32"),
-                  dict(UPCAST=upcast, PRECISION=precision, Q_HEADS=14, KV_HEADS=2, GROUP=7, GROUP_TILE=16, D=64,
-                       SPLIT=split_kv.SPLIT, HAS_NORM=norm), split_kv.NUM_WARPS)
+            for share, shared_tile in ((1, 16), (4, 32), (8, 64)):
+                build(fused_attention._fused_kernel,
+                      dict(qkv_ptr=dtype, qkv_sb="i32", cos_ptr=dtype, sin_ptr=dtype, cs_sb="i32",
+                           q_norm_ptr=dtype, k_norm_ptr=dtype, eps="fp32", cache_ptr=dtype, c_skv="i32",
+                           c_sb="i32", c_sh="i32", c_sc="i32", first_ptr="*i64", column_ptr="*i64",
+                           shared_ptr="*i64", partial_ptr="*fp32", lse_ptr="*fp32", scale="fp32", columns="i32"),
+                      dict(UPCAST=upcast, PRECISION=precision, Q_HEADS=14, KV_HEADS=2, GROUP=7, GROUP_TILE=16,
+                           D=64, SPLIT=split_kv.SPLIT, HAS_NORM=norm, SHARE=share, SHARED_TILE=shared_tile),
+                      split_kv.NUM_WARPS)
     tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
     build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
                                             rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)

@@ -12,7 +12,8 @@ at import against ``trainer.names.DECODE_ATTENTIONS``, where the config finds th
 * ``fused``: the split-kv kernels with the layer's RoPE and its cache write folded into
   the split kernel (:mod:`trainer.rollout.fused_attention`): two kernels a layer where
   split-kv takes five (the rotation and the two cache writes run in the layer step
-  before it).
+  before it). It also reads the columns of a prompt once for the rows that sample it
+  (``shares_prompts``: the engine gives it the chunk's ``share`` and prompt columns).
 
 Each implementation's :meth:`decode` takes the fused qkv projection of one decode token
 (before RoPE) and returns the attended heads, the token's K/V written into the cache.
@@ -94,10 +95,12 @@ class SplitKvDecode(UnfusedDecode):
 
 
 class FusedDecode:
-    """split-kv with the layer's RoPE and cache write in its split kernel."""
+    """split-kv with the layer's RoPE and cache write in its split kernel; a prompt's columns
+    read once for the rows that sample it."""
 
     name = "fused"
     needs_triton = True
+    shares_prompts = True
 
     @staticmethod
     def layer_cache(cache, layer: int, b: int):
@@ -107,15 +110,15 @@ class FusedDecode:
 
     @staticmethod
     def prepare(engine, b: int):
-        return engine.first_column[:b], engine.column
+        return engine.first_column[:b], engine.column, engine.shared_end, engine.share
 
     @staticmethod
     def decode(engine, layer, qkv, cache, cos, sin, context):
-        first_column, column = context
+        first_column, column, shared_end, share = context
         b = qkv.shape[0]
         attended = torch.ops.trainer.fused_decode_attention(
             qkv, cos.reshape(b, -1), sin.reshape(b, -1), cache, first_column, column,
-            layer.q_norm, layer.k_norm, engine.eps, engine.q_heads)
+            layer.q_norm, layer.k_norm, engine.eps, engine.q_heads, shared_end=shared_end, share=share)
         return attended.reshape(b, -1)
 
 

@@ -27,7 +27,9 @@ engine takes those two ideas and nothing else:
   the step's inputs (last token, position, column, done flags) live in device
   buffers that the step itself advances.
 * **Prefill** runs once per distinct prompt (a group of ``n`` samples shares
-  its prompt's K/V, copied into its ``n`` rows), eagerly.
+  its prompt's K/V, copied into its ``n`` rows), eagerly. The ``fused`` attention
+  then reads those columns once per block of rows that share them (a chunk's
+  ``share``, :func:`trainer.rollout.fused_attention.shared_rows`), not once a row.
 * **Decode**: with ``enforce_eager=False`` on CUDA, the whole step (every layer,
   the final norm, lm_head and sampling) is captured once per batch-size bucket
   (powers of two) and replayed, its layer step and sampler ``torch.compile``'d first
@@ -70,6 +72,7 @@ from trainer.rollout import (
 )
 from trainer.rollout import attention as decode_attention
 from trainer.rollout import fused_sampling
+from trainer.rollout.fused_attention import shared_rows
 from trainer.rollout.sampling import sample_tokens
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
@@ -106,7 +109,7 @@ class StaticEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
                  memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
-                 attention: str = "auto", fused_sampler: Optional[bool] = None):
+                 attention: str = "auto", fused_sampler: Optional[bool] = None, share_prompts: bool = True):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -126,6 +129,9 @@ class StaticEngine(RolloutEngine):
         elif fused_sampler and not decode_attention.triton_runs_on(self.device):
             raise BackendUnavailable("the fused sampler needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
         self.fused_sampler = fused_sampler
+        # Whether the attention may read a prompt's columns once for the rows sampling it (it
+        # changes no result; off only to measure it).
+        self.share_prompts = share_prompts and getattr(self.attention, "shares_prompts", False)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = pad_token_id(tokenizer, self.stop_ids)
@@ -158,6 +164,8 @@ class StaticEngine(RolloutEngine):
         self.first_column = torch.zeros(rows, dtype=torch.long, device=self.device)  # first real column
         self.done = torch.ones(rows, dtype=torch.bool, device=self.device)
         self.column = torch.zeros(1, dtype=torch.long, device=self.device)  # where this step's K/V go
+        self.shared_end = torch.zeros(1, dtype=torch.long, device=self.device)  # the chunk's prompt columns
+        self.share = 1  # rows a block of which sample one prompt (the attention reads its columns once)
         self.out_index = torch.zeros(1, dtype=torch.long, device=self.device)
         self.out_tokens = torch.full((rows, self.columns), self.pad_id, dtype=torch.long, device=self.device)
         self.out_logprobs = torch.zeros((rows, self.columns), dtype=torch.float32, device=self.device)
@@ -291,9 +299,10 @@ class StaticEngine(RolloutEngine):
         width = max(len(prompts[i]) for i in distinct)  # the chunk's prompt columns
         bucket = self._bucket(rows)
         mode = self._mode(params)
+        self.share = self._share(owner, bucket)
         self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         self.top_p.fill_(params.top_p)
-        if self.cuda_graphs and (bucket, mode) not in self.graphs:
+        if self.cuda_graphs and (bucket, mode, self.share) not in self.graphs:
             # Before the prefill: the capture's warm-up steps (which compile the decode step) scribble on the state.
             with startup.phase("decode graph capture"):
                 self._capture(bucket, mode)
@@ -321,6 +330,7 @@ class StaticEngine(RolloutEngine):
         self.tokens[:rows] = token
         self.done[:rows] = torch.isin(token, self.stop_tensor)
         self.column.fill_(width)
+        self.shared_end.fill_(width)
         self.out_index.fill_(1)
         if self.fused_sampler and mode == PLAIN:
             # Its noise's key, from the run's seeded generator; drawn only for the fused sampler,
@@ -332,7 +342,7 @@ class StaticEngine(RolloutEngine):
             if steps % CHECK_EVERY == 0 and bool(self.done[:rows].all()):
                 break
             if self.cuda_graphs:
-                self.graphs[bucket, mode].replay()
+                self.graphs[bucket, mode, self.share].replay()
             else:
                 self._decode_step(bucket, mode)
             steps += 1
@@ -341,6 +351,16 @@ class StaticEngine(RolloutEngine):
     def _collect(self, rows: int, steps: int) -> Generation:
         return Generation.cut_at_stop(self.out_tokens[:rows, :steps].clone(), self.stop_tensor, pad_id=self.pad_id,
                                       logprobs=self.out_logprobs[:rows, :steps].clone())
+
+    def _share(self, owner: list[int], bucket: int) -> int:
+        """The chunk's ``share``: 1 unless its attention reads a prompt's columns once for the rows
+        that sample it; a power of two that divides the bucket (its padding rows share nothing)."""
+        if not self.share_prompts:
+            return 1
+        share = shared_rows(owner, self.q_heads // self.kv_heads)
+        while bucket % share:
+            share //= 2
+        return share
 
     def _bucket(self, rows: int) -> int:
         if not self.cuda_graphs:
@@ -357,6 +377,7 @@ class StaticEngine(RolloutEngine):
         # and draw random numbers of their own, which must not shift the run's samples.
         self.done[:bucket] = True
         self.column.zero_()
+        self.shared_end.zero_()
         self.out_index.zero_()
         self.positions.zero_()  # a finished chunk leaves them at the end of the cache
         self.tokens.zero_()
@@ -370,7 +391,7 @@ class StaticEngine(RolloutEngine):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.graph_pool):
                 self._decode_step(bucket, mode)
-        self.graphs[bucket, mode] = graph
+        self.graphs[bucket, mode, self.share] = graph
 
     # -- the model, written out for the engine's buffers ------------------------------------------
 
