@@ -10,6 +10,11 @@ first column: a step late in a long decode attends to more columns and takes lon
 
     python3 benchmarks/bench_rollout.py --model random:qwen2.5-0.5b --batch 128 256 512
 
+``--samples 4`` decodes batch / 4 prompts four times each, as a GRPO step does, and
+``--share on off`` times the fused attention reading each prompt's columns once for its
+samples against once a row. ``--profile`` also prints how busy the device was over
+back-to-back replays of the step (kernel time against the gaps between kernels).
+
 Variants: ``hf`` (transformers generate), ``static-eager`` (enforce_eager=True),
 ``static-graph`` (CUDA graphs), ``static-compiled`` (torch.compile'd layer step inside
 the graphs). Only ratios within one run mean anything: host-bound code varies 2x
@@ -57,6 +62,13 @@ def parse_args(argv=None):
                         help="profile decode steps at this batch and print the top kernels (of each --attention)")
     parser.add_argument("--profile-variant", default="static-eager", choices=VARIANTS[1:],
                         help="what --profile profiles: eager steps, or replays of a variant's captured graph")
+    parser.add_argument("--samples", type=int, nargs="+", default=[1],
+                        help="rows a prompt (GRPO's n): batch / samples distinct prompts; each value runs")
+    parser.add_argument("--share", nargs="+", default=["on"], choices=["on", "off"],
+                        help="whether the fused attention reads a prompt's columns once for its samples' rows")
+    parser.add_argument("--blas", nargs="+", default=["default"], choices=["default", "cublas", "cublaslt"],
+                        help="torch's BLAS library for the GEMMs (torch.backends.cuda.preferred_blas_library); "
+                             "each static variant runs with each")
     return parser.parse_args(argv)
 
 
@@ -65,18 +77,19 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto"):
+def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto", share="on"):
     if variant == "hf":
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
                         compile_step=variant == "static-compiled", attention=attention,
-                        fused_sampler={"auto": None, "fused": True, "torch": False}[sampler])
+                        fused_sampler={"auto": None, "fused": True, "torch": False}[sampler],
+                        share_prompts=share == "on")
 
 
 def step_ms(engine, rows, device):
     """Median time of one captured decode step, from graph replays timed with CUDA events."""
-    graphs = [g for (bucket, _), g in engine.graphs.items() if bucket == engine._bucket(rows)]
+    graphs = [g for (bucket, *_), g in engine.graphs.items() if bucket == engine._bucket(rows)]
     if not graphs or device.type != "cuda":
         return None
     graph = graphs[0]
@@ -111,23 +124,31 @@ def main(argv=None) -> int:
     results = []
     print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
-    runs = [(v, None, None) if v == "hf" else (v, a, f) for v in args.variants for a in args.attention
-            for f in args.sampler]
-    for variant, attention, sampler in dict.fromkeys(runs):
+    runs = [(v, None, None, "default", 1, "on") if v == "hf" else (v, a, f, blas, n, share) for v in args.variants
+            for a in args.attention for f in args.sampler for blas in args.blas for n in args.samples
+            for share in args.share]
+    default_blas = torch.backends.cuda.preferred_blas_library() if device.type == "cuda" else None
+    for variant, attention, sampler, blas, samples, share in dict.fromkeys(runs):
+        if device.type == "cuda":
+            torch.backends.cuda.preferred_blas_library(default_blas if blas == "default" else blas)
         for batch in args.batch:
             if variant == "hf" and batch > args.hf_max_batch:
                 continue
-            prompts = torch.randint(min(300, vocab // 2), vocab, (batch, args.prompt_length), generator=generator).tolist()
-            params = SamplingParams(n=1, max_new_tokens=args.new_tokens, temperature=1.0, seed=1)
+            if batch % samples:
+                continue
+            prompts = torch.randint(min(300, vocab // 2), vocab, (batch // samples, args.prompt_length),
+                                    generator=generator).tolist()
+            params = SamplingParams(n=samples, max_new_tokens=args.new_tokens, temperature=1.0, seed=1)
             try:
                 built = time.perf_counter()
                 engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto",
-                              sampler or "auto")
+                              sampler or "auto", share)
                 engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
                 if variant != "hf":
                     engine.stop_tensor = torch.tensor([-1], device=device)
                 warm = time.perf_counter()
-                engine.generate(prompts[: max(1, batch)], SamplingParams(n=1, max_new_tokens=8, seed=0))
+                # The warm-up's rows are the timed call's (one graph bucket): its capture is not timed.
+                engine.generate(prompts, SamplingParams(n=samples, max_new_tokens=8, seed=0))
                 sync(device)
                 setup_s = time.perf_counter() - built
                 del warm
@@ -138,6 +159,8 @@ def main(argv=None) -> int:
                 tokens = int(out.response_mask.sum().item())
                 label = variant if variant == "hf" else \
                     f"{variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}"
+                label += "" if blas == "default" else f"/{blas}"
+                label += "" if samples == 1 else f"/n{samples}" + ("" if engine.share_prompts else "/unshared")
                 row = {"variant": label, "batch": batch, "seconds": seconds, "tokens": tokens,
                        "tokens_per_s": tokens / seconds, "setup_s": setup_s,
                        "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}
@@ -154,7 +177,8 @@ def main(argv=None) -> int:
                 if device.type == "cuda":
                     row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
             except Exception as exc:  # one variant's failure must not lose the others' numbers
-                row = {"variant": f"{variant}/{attention}/{sampler}" if attention else variant, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                row = {"variant": f"{variant}/{attention}/{sampler}" if attention else variant, "batch": batch,
+                       "error": f"{type(exc).__name__}: {exc}"[:500]}
             results.append(row)
             print(json.dumps(row), flush=True)
             engine = out = None
@@ -172,24 +196,30 @@ def main(argv=None) -> int:
               f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    if device.type == "cuda":
+        torch.backends.cuda.preferred_blas_library(default_blas if args.blas[0] == "default" else args.blas[0])
     for attention in args.attention if args.profile else ():
         profile_decode(model, tokenizer, device, dtype, args.profile, columns, args.profile_variant, attention,
-                       args.sampler[0])
+                       args.sampler[0], args.samples[0], args.share[0], args.prompt_length)
     return 0
 
 
-def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention, sampler):
+def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention, sampler, samples=1,
+                   share="on", prompt_length=16):
     """Kernel time of decode steps, by kernel: where a step's time goes on the device.
 
     ``static-eager`` profiles eager steps; a graph variant profiles replays of its captured
-    step (the kernels a run's decode actually launches)."""
+    step (the kernels a run's decode actually launches). Then how busy the device was over
+    back-to-back replays: the span from the first kernel's start to the last one's end
+    against the time some kernel ran; the rest is the gaps between kernels, which fusing
+    kernels (fewer of them) would cut and faster kernels would not."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention, sampler)
-    prompts = [[7] * 16 for _ in range(batch)]
-    engine.generate(prompts, SamplingParams(n=1, max_new_tokens=4, seed=0))
+    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention, sampler, share)
+    prompts = [[7 + i] * prompt_length for i in range(batch // samples)]
+    engine.generate(prompts, SamplingParams(n=samples, max_new_tokens=4, seed=0))
     mode = engine._mode(SamplingParams(n=1, max_new_tokens=1))
-    graph = engine.graphs.get((engine._bucket(batch), mode))
+    graph = engine.graphs.get((engine._bucket(batch), mode, engine.share))
     engine.column.fill_(columns // 2)  # a step halfway through the cache
     engine.positions.fill_(columns // 2)
     sync(device)
@@ -202,8 +232,45 @@ def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, att
             graph.replay() if graph is not None else engine._decode_step(batch, mode)
         sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(f"profile: {variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}, batch {batch}, 5 steps at column {columns // 2}")
+    print(f"profile: {variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}, "
+          f"batch {batch} ({samples} a prompt of {prompt_length} tokens, share {engine.share}), "
+          f"5 steps at column {columns // 2}")
     print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
+    if device.type != "cuda" or graph is None:
+        return
+    engine.column.fill_(columns // 2)
+    engine.positions.fill_(columns // 2)
+    engine.out_index.fill_(1)
+    sync(device)
+    replays = 10
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        sync(device)
+    print(busy_line(kernel_intervals(prof), replays))
+
+
+def kernel_intervals(prof) -> list[tuple[float, float]]:
+    """(start, end) in us of every device kernel the profiler saw, by start."""
+    from torch.autograd import DeviceType
+
+    return sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                  if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+
+
+def busy_line(intervals: list[tuple[float, float]], steps: int) -> str:
+    """The device's busy time against the span of ``intervals`` (overlaps counted once)."""
+    if not intervals:
+        return "busy: no device kernels seen"
+    busy, reach = 0.0, intervals[0][0]
+    for start, end in intervals:
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    span = reach - intervals[0][0]
+    gaps = span - busy
+    return (f"busy over {steps} back-to-back steps: span {span / steps:.1f} us a step, kernels {busy / steps:.1f} us "
+            f"({100 * busy / span:.1f} %), gaps {gaps / steps:.1f} us, {len(intervals) / steps:.0f} kernels a step "
+            f"({gaps / max(1, len(intervals) - 1):.2f} us between kernels on average)")
 
 if __name__ == "__main__":
     sys.exit(main())
