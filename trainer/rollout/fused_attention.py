@@ -82,7 +82,8 @@ def fused_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     b = qkv.shape[0]
     _, _, kv_heads, columns, d = cache.shape
     group = q_heads // kv_heads
-    if share & (share - 1) or b % share or _tile(share, group) > MAX_SHARED_TILE:
+    # share 1 reads no row's columns for another: only a block of rows takes the shared tile.
+    if share < 1 or share & (share - 1) or b % share or (share > 1 and _tile(share, group) > MAX_SHARED_TILE):
         raise ValueError(f"fused_decode_attention: share={share} is not a power of two dividing the {b} rows "
                          f"with share x {group} query heads in {MAX_SHARED_TILE}")
     if share > 1 and shared_end is None:
