@@ -17,13 +17,6 @@ Prints microseconds per layer and the weight bytes read per second. On the H200:
 
     python3 benchmarks/bench_decode_gemm.py --shape qwen2.5-0.5b qwen2.5-1.5b --batch 128
 
-``--split-k`` then times the split-K Triton projections (:mod:`trainer.rollout.decode_gemm`)
-of the out and down projections against what the engine runs without them: first each
-kernel alone over a sweep of (splits, column tile, warps), against cuBLAS (for down, plus
-the ``silu(gate) * up`` kernel it folds in); then, for the best of each, the compiled
-sequence the layer step runs (the projection, the residual add and the RMS norm after it,
-the partials' sum in that norm's kernel).
-
 Only ratios within one run mean anything.
 """
 
@@ -39,7 +32,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench_decode_attention import timed_graph  # noqa: E402
-from trainer.rollout.decode_gemm import split_k_linear  # noqa: E402
 from trainer.shapes import RANDOM_SHAPES  # noqa: E402
 
 LAYOUTS = ("nk", "kn")
@@ -51,10 +43,6 @@ def parse_args(argv=None):
     parser.add_argument("--shape", nargs="+", default=["qwen2.5-0.5b"], choices=sorted(RANDOM_SHAPES))
     parser.add_argument("--batch", type=int, nargs="+", default=[128])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--split-k", action="store_true", help="also time the split-K projections (see above)")
-    parser.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8, 16])
-    parser.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128])
-    parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     return parser.parse_args(argv)
 
 
@@ -114,57 +102,7 @@ def main(argv=None) -> int:
                 print(f"{name:<14}{batch:>6}{gemm:>9}{f'{n} x {k}':>14}"
                       + "".join(f"{times[key]:>16.2f}" for key in step) + f"{n * k * 2 / best / 1e3:>11.0f}")
             print(f"{name:<14}{batch:>6}{'a step':>9}{'':>14}" + "".join(f"{us:>16.1f}" for us in step.values()))
-            if args.split_k:
-                split_k_table(args, name, shape, batch)
     return 0
-
-
-def split_k_table(args, name: str, shape: dict, batch: int) -> None:
-    """The split-K out and down projections against cuBLAS: alone, then as the layer step runs them."""
-    hidden, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
-    heads = shape["num_attention_heads"]
-    attended_width = heads * shape.get("head_dim", hidden // heads)
-    dtype, eps = torch.bfloat16, 1e-6
-    norm = torch.ones(hidden, device="cuda", dtype=dtype)
-    h = torch.randn(batch, hidden, device="cuda", dtype=dtype)
-    for gemm, k, glu in (("out", attended_width, False), ("down", inter, True)):
-        x = torch.randn(batch, 2 * k if glu else k, device="cuda", dtype=dtype)
-        weights = [torch.randn(hidden, k, device="cuda", dtype=dtype) / k ** 0.5 for _ in range(layers)]
-
-        def torch_input(x=x, glu=glu):
-            if not glu:
-                return x
-            gate, up = x.chunk(2, dim=-1)
-            return F.silu(gate) * up
-
-        cublas = timed_graph([lambda w=w: F.linear(torch_input(), w) for w in weights], args.repeats)
-        print(f"{name:<14}{batch:>6}{gemm:>9}  cuBLAS{' + silu*up' if glu else ''}: {cublas:.2f} us a layer")
-        best = None
-        for splits in args.splits:
-            for block_n in args.block_n:
-                for warps in args.warps:
-                    calls = [lambda w=w: split_k_linear(x, w, splits, glu, block_n, warps) for w in weights]
-                    us = timed_graph(calls, args.repeats)
-                    best = min(best or (us, splits, block_n, warps), (us, splits, block_n, warps))
-                    print(f"{'':<20}{gemm:>9}  split-K splits {splits:>2} block_n {block_n:>3} warps {warps}: "
-                          f"{us:6.2f} us  ({cublas / us:.2f}x)")
-        us, splits, block_n, warps = best
-
-        def engine_step(x, w, h):
-            h = h + (torch_input(x)[:, None] @ w.T)[:, 0]  # the engine's form: no addmm copy
-            return h, F.rms_norm(h, (hidden,), norm, eps)
-
-        def split_step(x, w, h):
-            h = (h + split_k_linear(x, w, splits, glu, block_n, warps).sum(0)).to(h.dtype)
-            return h, F.rms_norm(h, (hidden,), norm, eps)
-
-        timings = {}
-        for label, step in (("torch", engine_step), ("split-K", split_step)):
-            compiled = torch.compile(step, dynamic=False)
-            timings[label] = timed_graph([lambda w=w, c=compiled: c(x, w, h) for w in weights], args.repeats)
-        print(f"{name:<14}{batch:>6}{gemm:>9}  + add + norm, compiled: torch {timings['torch']:.2f} us, split-K "
-              f"(splits {splits}, block_n {block_n}, warps {warps}) {timings['split-K']:.2f} us a layer "
-              f"({timings['torch'] / timings['split-K']:.2f}x)")
 
 
 if __name__ == "__main__":

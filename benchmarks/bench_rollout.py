@@ -12,9 +12,7 @@ first column: a step late in a long decode attends to more columns and takes lon
 
 ``--samples 4`` decodes batch / 4 prompts four times each, as a GRPO step does, and
 ``--share on off`` times the fused attention reading each prompt's columns once for its
-samples against once a row. ``--split-k on off`` times the out and down projections through
-the split-K kernels (:mod:`trainer.rollout.decode_gemm`, the default on CUDA) against
-cuBLAS. ``--profile`` also prints how busy the device was over
+samples against once a row. ``--profile`` also prints how busy the device was over
 back-to-back replays of the step (kernel time against the gaps between kernels).
 
 Variants: ``hf`` (transformers generate), ``static-eager`` (enforce_eager=True),
@@ -68,8 +66,6 @@ def parse_args(argv=None):
                         help="rows a prompt (GRPO's n): batch / samples distinct prompts; each value runs")
     parser.add_argument("--share", nargs="+", default=["on"], choices=["on", "off"],
                         help="whether the fused attention reads a prompt's columns once for its samples' rows")
-    parser.add_argument("--split-k", nargs="+", default=["auto"], choices=["auto", "on", "off"],
-                        help="the out and down projections through the split-K kernels (auto: on CUDA)")
     parser.add_argument("--blas", nargs="+", default=["default"], choices=["default", "cublas", "cublaslt"],
                         help="torch's BLAS library for the GEMMs (torch.backends.cuda.preferred_blas_library); "
                              "each static variant runs with each")
@@ -81,15 +77,14 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto", share="on",
-         split_k="auto"):
+def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto", share="on"):
     if variant == "hf":
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
                         compile_step=variant == "static-compiled", attention=attention,
                         fused_sampler={"auto": None, "fused": True, "torch": False}[sampler],
-                        share_prompts=share == "on", split_k={"auto": None, "on": True, "off": False}[split_k])
+                        share_prompts=share == "on")
 
 
 def step_ms(engine, rows, device):
@@ -129,11 +124,11 @@ def main(argv=None) -> int:
     results = []
     print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
-    runs = [(v, None, None, "default", 1, "on", "auto") if v == "hf" else (v, a, f, blas, n, share, k)
-            for v in args.variants for a in args.attention for f in args.sampler for blas in args.blas
-            for n in args.samples for share in args.share for k in args.split_k]
+    runs = [(v, None, None, "default", 1, "on") if v == "hf" else (v, a, f, blas, n, share) for v in args.variants
+            for a in args.attention for f in args.sampler for blas in args.blas for n in args.samples
+            for share in args.share]
     default_blas = torch.backends.cuda.preferred_blas_library() if device.type == "cuda" else None
-    for variant, attention, sampler, blas, samples, share, split_k in dict.fromkeys(runs):
+    for variant, attention, sampler, blas, samples, share in dict.fromkeys(runs):
         if device.type == "cuda":
             torch.backends.cuda.preferred_blas_library(default_blas if blas == "default" else blas)
         for batch in args.batch:
@@ -147,7 +142,7 @@ def main(argv=None) -> int:
             try:
                 built = time.perf_counter()
                 engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto",
-                              sampler or "auto", share, split_k)
+                              sampler or "auto", share)
                 engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
                 if variant != "hf":
                     engine.stop_tensor = torch.tensor([-1], device=device)
@@ -166,7 +161,6 @@ def main(argv=None) -> int:
                     f"{variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}"
                 label += "" if blas == "default" else f"/{blas}"
                 label += "" if samples == 1 else f"/n{samples}" + ("" if engine.share_prompts else "/unshared")
-                label += f"/{engine.projections.name}"
                 row = {"variant": label, "batch": batch, "seconds": seconds, "tokens": tokens,
                        "tokens_per_s": tokens / seconds, "setup_s": setup_s,
                        "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}
@@ -191,14 +185,14 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-    print(f"\n{'variant':<44}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
+    print(f"\n{'variant':<32}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
     for row in results:
         if "error" in row:
-            print(f"{row['variant']:<44}{row['batch']:>6}  error: {row['error'][:80]}")
+            print(f"{row['variant']:<32}{row['batch']:>6}  error: {row['error'][:80]}")
             continue
         step = f"{row['step_ms']:.2f}" if row.get("step_ms") else "-"
         syncs = f"{row['sync_ms']:.2f}" if row.get("sync_ms") is not None else "-"
-        print(f"{row['variant']:<44}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
+        print(f"{row['variant']:<32}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
               f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
@@ -206,12 +200,12 @@ def main(argv=None) -> int:
         torch.backends.cuda.preferred_blas_library(default_blas if args.blas[0] == "default" else args.blas[0])
     for attention in args.attention if args.profile else ():
         profile_decode(model, tokenizer, device, dtype, args.profile, columns, args.profile_variant, attention,
-                       args.sampler[0], args.samples[0], args.share[0], args.prompt_length, args.split_k[0])
+                       args.sampler[0], args.samples[0], args.share[0], args.prompt_length)
     return 0
 
 
 def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, attention, sampler, samples=1,
-                   share="on", prompt_length=16, split_k="auto"):
+                   share="on", prompt_length=16):
     """Kernel time of decode steps, by kernel: where a step's time goes on the device.
 
     ``static-eager`` profiles eager steps; a graph variant profiles replays of its captured
@@ -221,7 +215,7 @@ def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, att
     kernels (fewer of them) would cut and faster kernels would not."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention, sampler, share, split_k)
+    engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention, sampler, share)
     prompts = [[7 + i] * prompt_length for i in range(batch // samples)]
     engine.generate(prompts, SamplingParams(n=samples, max_new_tokens=4, seed=0))
     mode = engine._mode(SamplingParams(n=1, max_new_tokens=1))
@@ -238,8 +232,7 @@ def profile_decode(model, tokenizer, device, dtype, batch, columns, variant, att
             graph.replay() if graph is not None else engine._decode_step(batch, mode)
         sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(f"profile: {variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}/"
-          f"{engine.projections.name}, "
+    print(f"profile: {variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}, "
           f"batch {batch} ({samples} a prompt of {prompt_length} tokens, share {engine.share}), "
           f"5 steps at column {columns // 2}")
     print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))

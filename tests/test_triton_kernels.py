@@ -26,7 +26,6 @@ from trainer.models import byte_tokenizer, load_model_and_tokenizer, random_mode
 from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import split_kv
 from trainer.rollout.attention import choose
-from trainer.rollout.decode_gemm import choose_splits, split_k_linear, split_k_reference
 from trainer.rollout.split_kv import SPLIT, split_kv_decode, split_kv_reference
 from trainer.rollout.fused_attention import fused_decode_attention, shared_rows
 from trainer.rollout.fused_sampling import softmax_sample
@@ -279,9 +278,8 @@ def test_the_fused_engine_decodes_what_the_sdpa_engine_does(device, architecture
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name, split_k", [("split-kv", False), ("fused", False), ("fused", True)],
-                         ids=["split-kv", "fused", "fused-split-k"])
-def test_the_compiled_layer_step_writes_the_cache_in_place(device, name, split_k):
+@pytest.mark.parametrize("name", ["split-kv", "fused"])
+def test_the_compiled_layer_step_writes_the_cache_in_place(device, name):
     """torch.compile must write the step's K/V into the cache itself: a mutation it cannot
     do in place becomes a copy of the layer's whole cache at every step (a 3x slower decode
     step on an H200, seen when the unfused path took K and V as one view and unbound it);
@@ -292,21 +290,18 @@ def test_the_compiled_layer_step_writes_the_cache_in_place(device, name, split_k
 
     model, tokenizer = tiny_policy(device)
     engine = StaticEngine(model, tokenizer, device=device, dtype=torch.float32, max_rows=4, max_columns=64,
-                          attention=name, split_k=split_k)
-    assert engine.projections.name == ("split-k" if split_k else "torch")
+                          attention=name)
     engine.generate([[5, 6, 7]] * 4, SamplingParams(n=1, max_new_tokens=3, temperature=0.0))  # a decode state
     b, layer = 4, engine.layers[0]
     h = torch.randn(b, engine.hidden, device=device)
-    mlp = engine.projections.no_mlp(h) + 0.5  # a previous layer's MLP output, still to add
     cos, sin = engine.cos[engine.positions[:b]][:, None], engine.sin[engine.positions[:b]][:, None]
     context = engine.attention.prepare(engine, b)
     expected_cache = engine.cache.clone()
-    expected, expected_mlp = _decode_layer(engine, h, mlp, layer, engine.attention.layer_cache(expected_cache, 0, b),
-                                           cos, sin, context)
-    (out, out_mlp), codes = run_and_get_code(torch.compile(_decode_layer, dynamic=False), engine, h, mlp, layer,
-                                             engine.attention.layer_cache(engine.cache, 0, b), cos, sin, context)
+    expected, _ = _decode_layer(engine, h, torch.zeros_like(h), layer,
+                                engine.attention.layer_cache(expected_cache, 0, b), cos, sin, context)
+    (out, _), codes = run_and_get_code(torch.compile(_decode_layer, dynamic=False), engine, h, torch.zeros_like(h),
+                                       layer, engine.attention.layer_cache(engine.cache, 0, b), cos, sin, context)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out_mlp, expected_mlp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(engine.cache, expected_cache, atol=1e-5, rtol=1e-5)  # the write reached the cache
     code = "\n".join(codes)
     layer_k = engine.cache[0, 0, :b].numel()
@@ -316,64 +311,6 @@ def test_the_compiled_layer_step_writes_the_cache_in_place(device, name, split_k
     # One addmm, the qkv projection's bias: a residual added through addmm is copied into its
     # output first (a copy a layer, 35 us a step at batch 128 on an H200).
     assert code.count("addmm(") == 1, code
-    if split_k:  # the partials are summed inside the compiled code, no torch op of their own
-        assert len(re.findall(r"= torch\.ops\.trainer\.split_k_linear\.default\(", code)) == 2, code
-
-
-# The split-K projections (trainer.rollout.decode_gemm).
-
-# (rows, outputs, K, splits): row and column tiles cut short, splits past K's tiles, one split,
-# and more rows than one row tile.
-SPLIT_K_SHAPES = [(5, 40, 200, 3), (16, 64, 64, 4), (3, 17, 70, 1), (130, 24, 96, 2)]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("glu", [False, True], ids=["linear", "silu-up"])
-@pytest.mark.parametrize("rows, outputs, k, splits", SPLIT_K_SHAPES)
-def test_split_k_partials_sum_to_the_projection(device, dtype, glu, rows, outputs, k, splits):
-    generator = torch.Generator().manual_seed(rows + k)
-    x = torch.randn((rows, 2 * k if glu else k), generator=generator).to(device, dtype)
-    weight = (torch.randn((outputs, k), generator=generator) / k ** 0.5).to(device, dtype)
-    partials = split_k_linear(x, weight, splits, glu, 16)
-    assert partials.shape == (splits, rows, outputs) and partials.dtype == torch.float32
-    # bf16 under the interpreter: its casts to bf16 do not round as torch's do (the silu's).
-    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(partials.sum(0), split_k_reference(x, weight, glu=glu), atol=tolerance, rtol=tolerance)
-
-
-def test_split_k_refuses_what_it_cannot_compute():
-    x, weight = torch.zeros(4, 64), torch.zeros(8, 64)
-    with pytest.raises(ValueError, match="x has 64 columns, weight 64 \\(glu: 2 x K\\)"):
-        split_k_linear(x, weight, 2, True)
-    with pytest.raises(ValueError, match="block_n=24 a power of two"):
-        split_k_linear(x, weight, 2, False, 24)
-    with pytest.raises(ValueError, match="splits=0"):
-        split_k_linear(x, weight, 0)
-
-
-def test_split_k_splits_give_about_a_program_a_multiprocessor_and_no_empty_split():
-    # The 0.5B shape on an H100 (132 SMs): 14 column tiles of 64.
-    assert choose_splits(896, 4864, block_n=64, programs=132) == 9  # 9 chunks of 576 (9 tiles)
-    assert choose_splits(896, 896, block_n=64, programs=132) == 7  # 14 tiles of K: 7 chunks of 2, not 9
-    assert choose_splits(64, 64, block_n=64, programs=4) == 1  # K of one tile
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_the_engine_with_split_k_projections_decodes_what_torch_projections_do(device):
-    model, tokenizer = tiny_policy(device)
-    long = "Tom has 3 apples and buys 4 more; then he gives half of them to Ann, who eats one. " * 2
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in (long, "12 * 7 =")]
-    args = dict(device=device, dtype=torch.float32, max_rows=8, max_columns=2 * SPLIT + 64)
-    split = StaticEngine(model, tokenizer, split_k=True, **args)
-    plain = StaticEngine(model, tokenizer, split_k=False, **args)
-    assert (split.projections.name, plain.projections.name) == ("split-k", "torch")
-    assert split.projections.down_splits > 1  # the down projection's K is cut
-    greedy = SamplingParams(n=4, max_new_tokens=6, temperature=0.0)
-    ours, theirs = split.generate(prompts, greedy), plain.generate(prompts, greedy)
-    assert ours.token_lists() == theirs.token_lists()
-    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
-    torch.testing.assert_close(split.cache, plain.cache, atol=1e-5, rtol=0)
 
 
 def tiny_policy(device):
@@ -508,7 +445,7 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from trainer.rollout import decode_gemm, fused_attention, fused_sampling
+    from trainer.rollout import fused_attention, fused_sampling
 
     def build(fn, signature, constexprs, num_warps):
         source = ASTSource(fn=fn, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs)
@@ -536,13 +473,6 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
                       dict(UPCAST=upcast, PRECISION=precision, Q_HEADS=14, KV_HEADS=2, GROUP=7, GROUP_TILE=16,
                            D=64, SPLIT=split_kv.SPLIT, HAS_NORM=norm, SHARE=share, SHARED_TILE=shared_tile),
                       split_kv.NUM_WARPS)
-    for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
-        for glu in (False, True):
-            build(decode_gemm._split_k_kernel,
-                  dict(x_ptr=dtype, x_sm="i32", w_ptr=dtype, w_sn="i32", out_ptr="*fp32", M="i32", N="i32", K="i32",
-                       CHUNK="i32"),
-                  dict(GLU=glu, UPCAST=upcast, PRECISION=precision, BLOCK_M=128, BLOCK_N=64,
-                       BLOCK_K=decode_gemm.BLOCK_K), 4)
     tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
     build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
                                             rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)

@@ -71,7 +71,7 @@ from trainer.rollout import (
     BackendUnavailable, Generation, RolloutEngine, SamplingParams, pad_token_id, stop_token_ids,
 )
 from trainer.rollout import attention as decode_attention
-from trainer.rollout import decode_gemm, fused_sampling
+from trainer.rollout import fused_sampling
 from trainer.rollout.fused_attention import shared_rows
 from trainer.rollout.sampling import sample_tokens
 
@@ -109,8 +109,7 @@ class StaticEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
                  memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
-                 attention: str = "auto", fused_sampler: Optional[bool] = None, share_prompts: bool = True,
-                 split_k: Optional[bool] = None):
+                 attention: str = "auto", fused_sampler: Optional[bool] = None, share_prompts: bool = True):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -130,10 +129,6 @@ class StaticEngine(RolloutEngine):
         elif fused_sampler and not decode_attention.triton_runs_on(self.device):
             raise BackendUnavailable("the fused sampler needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
         self.fused_sampler = fused_sampler
-        if split_k is None:
-            split_k = self.device.type == "cuda" and decode_attention.triton_runs_on(self.device)
-        elif split_k and not decode_attention.triton_runs_on(self.device):
-            raise BackendUnavailable("the split-K projections need Triton on a CUDA device (or TRITON_INTERPRET=1)")
         # Whether the attention may read a prompt's columns once for the rows sampling it (it
         # changes no result; off only to measure it).
         self.share_prompts = share_prompts and getattr(self.attention, "shares_prompts", False)
@@ -146,9 +141,6 @@ class StaticEngine(RolloutEngine):
         self.hidden = config.hidden_size
         self.eps = config.rms_norm_eps
         self.vocab = config.vocab_size
-        self.projections = decode_gemm.TorchProjections() if not split_k else decode_gemm.SplitKProjections(
-            hidden=self.hidden, attended=self.q_heads * self.head_dim, intermediate=config.intermediate_size,
-            programs=_programs(self.device))
         self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (engine buffer, policy parameter)
         self._bind_weights(model)
         self.sync_weights(model)
@@ -439,7 +431,7 @@ class StaticEngine(RolloutEngine):
             attended = F.scaled_dot_product_attention(
                 q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), attn_mask=allowed)
             h = h + F.linear(attended.transpose(1, 2).reshape(count, width, -1), layer.out)
-            h = h + decode_gemm.TorchProjections.mlp(F.rms_norm(h, (self.hidden,), layer.post_norm, self.eps), layer)
+            h = h + _mlp(F.rms_norm(h, (self.hidden,), layer.post_norm, self.eps), layer)
         last = F.rms_norm(h[:, -1], (self.hidden,), self.final_norm, self.eps)  # left padding: the last column
         return last @ self.lm_head.T  # (u, V)
 
@@ -467,7 +459,7 @@ class StaticEngine(RolloutEngine):
         sin = self.sin[self.positions[:b]][:, None]
         context = self.attention.prepare(self, b)  # what attention reads this step (a mask, or the columns)
         h = self.embed[self.tokens[:b]]  # (b, H)
-        mlp = self.projections.no_mlp(h)  # a layer's MLP output still to add: the first layer's has none
+        mlp = torch.zeros_like(h)  # a layer's MLP output still to add: the first layer's has none
         for index, layer in enumerate(self.layers):
             h, mlp = self._layer_step(self, h, mlp, layer, self.attention.layer_cache(self.cache, index, b), cos, sin,
                                       context)
@@ -505,19 +497,19 @@ def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, c
     (h, mlp) the same way. Each residual add is then an epilogue of the RMS norm that
     follows it (one kernel when compiled), where ``addmm`` would first copy the residual
     into its output."""
-    projections = engine.projections  # the out and down projections (decode_gemm), and how they add up
-    h = projections.add(h, mlp)
+    h = h + mlp
     x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
     qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (b, (q_heads + 2 kv_heads) d), before RoPE
     attended = engine.attention.decode(engine, layer, qkv, cache, cos, sin, context)  # (b, q_heads d)
-    h = projections.out(h, attended, layer)
-    return h, projections.mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
+    # (b, 1, H) through a view: inductor turns add(h, mm) into addmm, which copies h into its
+    # output first (a copy a layer); past the view, the add is the norm kernel's prologue.
+    h = h + (attended[:, None] @ layer.out.T)[:, 0]
+    return h, _mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
 
 
 def _last_logits(engine: StaticEngine, h, mlp):
     """The last MLP's add, the final norm and lm_head of one decode step: logits (b, V), compute dtype."""
-    h = engine.projections.add(h, mlp)
-    return F.rms_norm(h, (engine.hidden,), engine.final_norm, engine.eps) @ engine.lm_head.T
+    return F.rms_norm(h + mlp, (engine.hidden,), engine.final_norm, engine.eps) @ engine.lm_head.T
 
 
 def _sample_last(engine: StaticEngine, h, mlp, noise, mode: tuple):
@@ -527,16 +519,16 @@ def _sample_last(engine: StaticEngine, h, mlp, noise, mode: tuple):
                          top_p=engine.top_p if top_p_on else None, greedy=greedy, noise=noise)
 
 
+def _mlp(x, layer: Layer):
+    gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, layer.down)
+
+
 def _rotate(x, cos, sin):
     """RoPE in HF's rotate-half layout; x (..., d), cos/sin broadcastable to it."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
-
-
-def _programs(device: torch.device) -> int:
-    """Programs a split-K projection aims at: one a streaming multiprocessor (CPU: a few)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _round_up(value: int, multiple: int) -> int:
