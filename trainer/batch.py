@@ -30,6 +30,7 @@ class Batch:
     response_ids: torch.Tensor  # (B, R) long
     response_mask: torch.Tensor  # (B, R) float, 1 on sampled tokens
     stopped: Optional[torch.Tensor] = None  # (B,) bool, ended on a stop token
+    prompt_index: Optional[torch.Tensor] = None  # (B,) long, which of the step's prompts a row samples
     engine_logprobs: Optional[torch.Tensor] = None  # (B, R) the engine's, when it reports them
     rewards: Optional[torch.Tensor] = None  # (B,) the task's
     token_rewards: Optional[torch.Tensor] = None  # (B, R) per-token rewards (OPD: -KL to the teacher)
@@ -47,6 +48,7 @@ class Batch:
                    response_ids=generation.response_ids.to(device),
                    response_mask=generation.response_mask.to(device, torch.float32),
                    stopped=generation.stopped.to(device),
+                   prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(n),
                    engine_logprobs=generation.logprobs.to(device) if generation.logprobs is not None else None)
 
     @property

@@ -7,6 +7,8 @@ runs the transformer body once, keeps the hidden states of the response tokens
 only (none of the prompt, none of the padding), and hands them with the lm_head
 weight to :func:`trainer.logprobs.linear_logprobs`, which computes log-probs and
 entropies chunk by chunk without ever holding (tokens x vocabulary) logits.
+With the model's ``share_prompts`` (set from the config), rows that sample one prompt run
+it once instead (:mod:`trainer.shared_prompt`): one row per group, under a mask.
 :func:`response_logits` is the plain path (full logits through the HF head), kept
 for models without a separate body and head and as the reference the tests
 compare against.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from trainer import shared_prompt
 from trainer.batch import Batch
 from trainer.logprobs import linear_logprobs
 from trainer.losses import entropy_from_logits, token_logprobs
@@ -41,7 +44,8 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
     body, head = parts
     keep = batch.response_mask.bool()  # (b, R)
-    predicting = response_hidden(body, batch, width_multiple=getattr(model, "width_multiple", 1))  # (N, H)
+    predicting = response_hidden(body, batch, width_multiple=getattr(model, "width_multiple", 1),
+                                 share_prompts=getattr(model, "share_prompts", False))  # (N, H)
     logprobs, entropy = linear_logprobs(predicting, head.weight, batch.response_ids[keep], temperature=temperature,
                                         with_entropy=with_entropy, matmul_dtype=autocast_dtype(predicting),
                                         fused=getattr(model, "fused_logprobs", False))  # (N,)
@@ -104,9 +108,14 @@ def split_head(model):
     return body, head
 
 
-def response_hidden(body, batch: Batch, *, width_multiple: int = 1) -> torch.Tensor:
+def response_hidden(body, batch: Batch, *, width_multiple: int = 1, share_prompts: bool = False) -> torch.Tensor:
     """(N, H) the body's last hidden states that predict each of the N sampled response tokens
-    (row-major over ``batch.response_mask``), from one left-aligned forward."""
+    (row-major over ``batch.response_mask``), from one left-aligned forward; with
+    ``share_prompts``, rows that repeat a prompt run it once (:mod:`trainer.shared_prompt`)."""
+    if share_prompts:
+        sizes = shared_prompt.prompt_groups(batch)
+        if max(sizes) > 1:
+            return shared_prompt.hidden(body, batch, sizes, width_multiple=width_multiple)
     input_ids, starts = left_aligned(batch, width_multiple=width_multiple)
     if width_multiple > 1:
         # A compiled body: the row count varies with packing (trainer.packing), so it is left

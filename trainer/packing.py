@@ -56,16 +56,25 @@ class Packing:
     tokens: int | None = None
     why: str = ""
 
-    def cut(self, widths: Sequence[int]) -> list[int]:
-        """The row counts of successive micro-batches over rows of these padded ``widths``,
-        longest first (each micro-batch's width is its first row's)."""
+    def cut(self, widths: Sequence[int], *, unit_rows: Sequence[int] | None = None) -> list[int]:
+        """How many units each successive micro-batch takes, over units of these padded
+        ``widths``, longest first (each micro-batch's width is its first unit's). A unit is a
+        row, or (``unit_rows``: the rows each holds) a group of rows that the shared-prompt
+        forward lays out as one row: a count of rows is then met in whole groups, at least
+        one, and a token budget counts each group's one row. Counts of single rows from
+        :data:`ROW_MULTIPLE` on are rounded down to a multiple of it."""
         total, sizes, start = len(widths), [], 0
         while start < total:
-            if self.rows is not None:
+            if self.rows is not None and unit_rows is not None:
+                size, held = 1, unit_rows[start]
+                while start + size < total and held + unit_rows[start + size] <= self.rows:
+                    held += unit_rows[start + size]
+                    size += 1
+            elif self.rows is not None:
                 size = self.rows
             else:
                 size = max(1, self.tokens // max(1, widths[start]))
-                if size >= ROW_MULTIPLE:
+                if unit_rows is None and size >= ROW_MULTIPLE:
                     size -= size % ROW_MULTIPLE
             size = min(size, total - start)
             sizes.append(size)

@@ -31,7 +31,7 @@ from typing import Any, Optional, TextIO
 import attrs
 import torch
 
-from trainer import checkpoint, parallel
+from trainer import checkpoint, parallel, shared_prompt
 from trainer.config import ConfigError, TrainerConfig
 from trainer.data import PromptSampler
 from trainer.distill import Teacher
@@ -123,6 +123,10 @@ def set_up(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir: Path, metrics
           f"{backend} engine): {total_steps} steps of {cfg.train_batch_size} prompts x "
           f"{cfg.n_samples_per_prompt} samples, up to {cfg.max_generate_length} new tokens", file=stderr, flush=True)
 
+    if not group.distributed:
+        # Read by trainer.forward.response_logprobs; the copies below inherit it. Gradient
+        # checkpointing's recompute runs in the backward, outside the shared forward's attention.
+        model.share_prompts = cfg.share_prompts and shared_prompt.supports(model) and not cfg.gradient_checkpointing
     # The reference never trains: it is kept in the compute dtype.
     reference = copy.deepcopy(model).to(precision.compute).eval().requires_grad_(False) if cfg.use_kl_loss \
         else None

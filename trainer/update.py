@@ -6,7 +6,8 @@ gradient. Rows of a mini-batch are sorted by length before they are cut into
 micro-batches (the loss is a sum over rows, so order does not change it), which
 keeps the padding each micro-batch computes on small; how many rows each takes is the
 run's :class:`trainer.packing.Packing` (a fixed count, or as many as its token budget
-holds at its longest row's width).
+holds at its longest row's width). With the prompt shared (``share_prompts``), what is
+sorted and cut is groups, each laid out as one row (:func:`micro_units`).
 
 When the step is exactly on-policy (one mini-batch: the update sees the weights
 that sampled) ``batch.old_logprobs`` is None and pi_old is the update forward's
@@ -31,6 +32,7 @@ import sys
 
 import torch
 
+from trainer import shared_prompt
 from trainer.batch import Batch
 from trainer.forward import response_logprobs
 from trainer.losses import aggregate, kl_penalty, policy_loss
@@ -38,6 +40,26 @@ from trainer.packing import Packing, plan_packing
 from trainer.parallel import SINGLE, Group, replicated, trains_sharded
 
 TOKEN_SUMS = ("clip_frac", "kl", "ref_kl", "tis_weight", "entropy")  # per-token sums, averaged over all tokens
+
+
+def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int) -> tuple[list[list[int]], list[int]]:
+    """What micro-batches are cut from: units of rows that stay together, longest first, and
+    their padded widths. A unit is a row, or with ``share_prompts`` a run of rows that repeat a
+    prompt, which the forward lays out as one row of prompt and responses
+    (:mod:`trainer.shared_prompt`)."""
+    prompt_lengths, response_lengths = torch.stack(
+        [mini.prompt_mask.sum(dim=1), mini.response_mask.sum(dim=1).long()]).tolist()
+    sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
+    if max(sizes) > 1:
+        width_multiple = max(width_multiple, shared_prompt.BLOCK)
+    units, start = [], 0
+    for size in sizes:
+        units.append(list(range(start, start + size)))
+        start += size
+    lengths = [prompt_lengths[unit[0]] + sum(response_lengths[row] for row in unit) for unit in units]
+    order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
+    widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
+    return [units[u] for u in order], widths
 
 
 def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None,
@@ -59,6 +81,7 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
     if packing is None:
         packing = plan_packing(cfg, model, optimizer, batch.prompt_ids.device)
     width_multiple = getattr(model, "width_multiple", 1)
+    share_prompts = getattr(model, "share_prompts", False)
     # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
     sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0,
             "entropy": 0.0}
@@ -70,12 +93,11 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         # This rank's share of the mini-batch's totals (on one rank: the totals).
         tokens = group.sum_floats([float(mini.response_mask.sum())])[0] / group.world
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
-        lengths = (mini.response_mask.sum(dim=1) + mini.prompt_mask.sum(dim=1)).long()
-        longest_first = torch.argsort(lengths, descending=True, stable=True)
-        widths = (-(-lengths[longest_first] // width_multiple) * width_multiple).tolist()
+        units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple)
+        grouped = any(len(unit) > 1 for unit in units)
         mini_loss, micro_start = 0.0, 0
-        for micro_size in packing.cut(widths):
-            micro = mini.rows(longest_first[micro_start : micro_start + micro_size])
+        for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None):
+            micro = mini.rows([row for unit in units[micro_start : micro_start + micro_size] for row in unit])
             micro_start += micro_size
             mask = micro.response_mask  # (b, R)
             with autocast():
