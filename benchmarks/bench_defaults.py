@@ -1,7 +1,7 @@
 """The trainer at its defaults, side by side in one run: what a grid cell gets with nothing
 hand-set but ``enforce_eager=false``.
 
-For each model shape, ``bench_trainer.py`` runs in its own process four times:
+For each model shape, ``bench_trainer.py`` runs in its own process once for each of these runs:
 
 * ``cold``: the default (micro-batches packed by tokens), with an empty compile cache: the
   first step a sweep's first cell pays;
@@ -9,6 +9,8 @@ For each model shape, ``bench_trainer.py`` runs in its own process four times:
 * ``micro8``: the old default, a hand-set micro-batch of 8 rows;
 * ``cap64``: the default in a process capped at 64 GB of the card (an A100-64GB's worth):
   the packing must fit it, never OOM;
+* ``perrow``: ``share_prompts=false``, each sample's row running its own copy of the prompt
+  in the update (the default before 2026-12-06);
 
 and, with ``--compare trl``, TRL's GRPOTrainer on the same shape (``bench_trl.py``). It
 prints each run's sec/step (steady steps), first step, peak memory and each step's time, and
@@ -34,6 +36,7 @@ RUNS = {
     "warm": [],
     "micro8": ["--set", "micro_train_batch_size_per_gpu=8"],
     "cap64": ["--memory-gb", "64"],
+    "perrow": ["--set", "share_prompts=false"],
 }
 
 
@@ -87,6 +90,8 @@ def main(argv=None) -> int:
                     print(f"  {name:<7} {summary['sec_per_step']:.3f} s/step  first {summary['first_step_s']:.1f} s  "
                           f"peak {summary['peak_memory_gb_all_steps']:.1f} GB  "
                           f"generate {summary['generate_tokens_per_s']:.0f} tok/s  steps {summary['each_step']}")
+                    print(f"          a step's stages: generate {summary['timing/generate']:.3f} s, "
+                          f"update {summary['timing/policy_train']:.3f} s, sync {summary['timing/sync_weights']:.3f} s")
                     start = summary.get("startup", {})
                     phases = ", ".join(f"{phase} {entry['seconds']:.1f} s"
                                        for phase, entry in start.get("phases", {}).items())
@@ -101,6 +106,8 @@ def main(argv=None) -> int:
         default = results.get("warm") or results.get("cold")
         if default and results.get("micro8"):
             print(f"  micro8 / default: {results['micro8']['sec_per_step'] / default['sec_per_step']:.2f}x")
+        if default and results.get("perrow"):
+            print(f"  perrow / default: {results['perrow']['sec_per_step'] / default['sec_per_step']:.2f}x")
         if default and results.get("trl"):
             print(f"  trl / default: {results['trl']['sec_per_step'] / default['sec_per_step']:.1f}x")
     return 0
