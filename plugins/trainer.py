@@ -39,7 +39,10 @@ dependencies but no hub access (a benchmark machine, a cluster's GPU node):
   steps: a steady cell ends in a few steps, a noisy one takes the steps its number needs
   (a cell that ends early logs a ``kind="stop"`` metrics record saying why);
 * ``compile_update=False``: compiling the update's body costs about a minute per row
-  width it meets, most of a cell of a few dozen steps (a real run of hundreds keeps it).
+  width it meets, most of a cell of a few dozen steps (a real run of hundreds keeps it);
+  ``share_prompts=False`` with it: the shared-prompt forward compiles flex attention's
+  kernels (about 11 s of a cold first step on an H100), and it has been measured inside
+  the compiled body only.
 """
 
 from __future__ import annotations
@@ -165,6 +168,7 @@ def gpu(config: dict, target_name: str) -> dict:
         "eval_limit": min(config.get("eval_limit") or GPU_EVAL_LIMIT, GPU_EVAL_LIMIT),
         "export_final": False,
         "compile_update": False,
+        "share_prompts": False,
         **_scaled_batches(config, fields, GPU_BATCH_DIVISOR),
     }
     if config.get("teacher_model"):  # OPD: a larger random teacher

@@ -133,6 +133,7 @@ def test_gpu_profile_puts_every_throughput_cell_on_one_gpu_with_its_levers_kept(
         assert (config["timing_target"], min_steps, config["max_steps"]) == (0.05, 5, 30), nodeid
         assert config["eval_before_train"] is False
         assert config["compile_update"] is False, nodeid  # a few steps: no minute of compilation
+        assert config["share_prompts"] is False, nodeid  # nor flex attention's, outside the compiled body
     base, cudagraph = (cells[f"grids/gsm8k_throughput.py::{n}"]["config"] for n in ("base", "cudagraph"))
     assert (base["enforce_eager"], cudagraph["enforce_eager"]) == (True, False)  # the CUDA-graph lever stays
     widths = [cells[f"grids/gsm8k_throughput.py::{n}"]["config"]["train_batch_size"]

@@ -212,14 +212,15 @@ _COMPILED_FLEX = None
 
 def _flex():
     """flex_attention itself inside a compiled region (the compiled layer fuses it), else a
-    compiled copy: eager flex attention materialises every score."""
+    compiled copy (eager flex attention materialises every score), its shapes made dynamic
+    once a second shape comes, so a scorer's changing widths do not compile each anew."""
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
     if torch.compiler.is_compiling():
         return flex_attention
     if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
 
