@@ -55,6 +55,11 @@ class Batch:
     def size(self) -> int:
         return self.response_ids.shape[0]
 
+    def response_ends(self) -> torch.Tensor:
+        """(B,) one past each row's last sampled token (0 for a row that sampled none)."""
+        columns = torch.arange(1, self.response_ids.shape[1] + 1, device=self.response_ids.device)
+        return (self.response_mask.bool() * columns).amax(dim=1)
+
     def rows(self, index: Union[slice, Sequence[int], torch.Tensor]) -> "Batch":
         """A subset of rows, trimmed to its own longest prompt and response."""
         if not isinstance(index, slice):

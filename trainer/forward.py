@@ -25,6 +25,7 @@ from trainer import shared_prompt
 from trainer.batch import Batch
 from trainer.logprobs import linear_logprobs
 from trainer.losses import entropy_from_logits, token_logprobs
+from trainer.models import full_attention_only
 
 
 def model_inputs(model, batch: Batch):
@@ -146,10 +147,7 @@ def left_aligned(batch: Batch, *, width_multiple: int = 1) -> tuple[torch.Tensor
     """
     prompt_width = batch.prompt_ids.shape[1]
     prompt_lengths = batch.prompt_mask.sum(dim=1)  # (b,)
-    response_width = batch.response_ids.shape[1]
-    response_ends = (batch.response_mask.bool() * torch.arange(1, response_width + 1, device=batch.response_ids.device)
-                     ).amax(dim=1)  # (b,) one past each row's last sampled token
-    width = max(1, int((prompt_lengths + response_ends).max()))
+    width = max(1, int((prompt_lengths + batch.response_ends()).max()))
     width = -(-width // width_multiple) * width_multiple
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (b, P+R), prompts left-padded
     source = torch.arange(width, device=ids.device) + (prompt_width - prompt_lengths)[:, None]
@@ -185,11 +183,8 @@ def padded_attention(model, attention: torch.Tensor) -> torch.Tensor:
     flash-attention family) unpad instead and get the 2-D mask, as do models
     with sliding-window layers, whose windows a hand-built mask would drop.
     """
-    config = model.config
-    implementation = getattr(config, "_attn_implementation", None)
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if (implementation not in ("sdpa", "eager") or layer_types != {"full_attention"}
-            or getattr(config, "sliding_window", None) is not None):
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in ("sdpa", "eager") or not full_attention_only(model.config):
         return attention
     valid = attention.bool()  # (b, L)
     length = valid.shape[1]

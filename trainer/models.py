@@ -70,6 +70,13 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def full_attention_only(config) -> bool:
+    """Whether every layer of a HF config's model is full causal attention: no sliding window,
+    which a mask built by hand (left padding's, a shared prompt's) would have to carry too."""
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return layer_types == {"full_attention"} and getattr(config, "sliding_window", None) is None
+
+
 def encode_prompts(tokenizer, prompts: list[str], max_length: int) -> list[list[int]]:
     """Each prompt's own ids (no special tokens added), left-truncated to its last
     ``max_length`` (a question's end holds the ask). One batch call: the tokenizers library

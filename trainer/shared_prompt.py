@@ -35,10 +35,12 @@ keeps the per-row forward.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 
 from trainer.batch import Batch
+from trainer.models import full_attention_only
 
 #: The name the attention function is registered under in transformers' attention registry.
 ATTENTION = "shared_prompt"
@@ -67,12 +69,16 @@ def prompt_groups(batch: Batch) -> list[int]:
     return sizes
 
 
+def group_rows(sizes: list[int]) -> list[range]:
+    """The rows of each group, from :func:`prompt_groups`' sizes."""
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    return [range(begin, end) for begin, end in zip(bounds, bounds[1:])]
+
+
 def supports(model) -> bool:
     """Whether ``model``'s attention can take the shared layout's mask: every layer full
     causal attention (a sliding window would need the window in the mask too)."""
-    config = model.config
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    return layer_types == {"full_attention"} and getattr(config, "sliding_window", None) is None
+    return full_attention_only(model.config)
 
 
 class Layout:
@@ -85,12 +91,10 @@ class Layout:
         device = batch.response_ids.device
         prompt_width = batch.prompt_ids.shape[1]
         response_width = batch.response_ids.shape[1]
-        columns = torch.arange(1, response_width + 1, device=device)
-        ends = (batch.response_mask.bool() * columns).amax(dim=1)  # (B,) one past each row's last sampled token
-        prompt_lengths, ends = torch.stack([batch.prompt_mask.sum(dim=1), ends]).tolist()
+        prompt_lengths, ends = torch.stack([batch.prompt_mask.sum(dim=1), batch.response_ends()]).tolist()
         if min(prompt_lengths) < 1:
             raise ValueError("a row has an empty prompt: nothing predicts its first response token")
-        rows = [range(sum(sizes[:g]), sum(sizes[: g + 1])) for g in range(len(sizes))]
+        rows = group_rows(sizes)
         widths = [prompt_lengths[group[0]] + sum(ends[b] for b in group) for group in rows]
         multiple = max(width_multiple, BLOCK)
         width = -(-max(widths) // multiple) * multiple

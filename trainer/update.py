@@ -52,10 +52,7 @@ def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int) -> tup
     sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
     if max(sizes) > 1:
         width_multiple = max(width_multiple, shared_prompt.BLOCK)
-    units, start = [], 0
-    for size in sizes:
-        units.append(list(range(start, start + size)))
-        start += size
+    units = [list(rows) for rows in shared_prompt.group_rows(sizes)]
     lengths = [prompt_lengths[unit[0]] + sum(response_lengths[row] for row in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
     widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
