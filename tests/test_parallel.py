@@ -74,6 +74,7 @@ def rank_update(rank: int, port: int, workdir: Path) -> None:
             results[reduction] = {"stats": stats, "weights": model.state_dict()}
     if rank == 0:
         torch.save(results, workdir / "two_ranks.pt")
+    parallel.exit_rank(0)  # as a launched rank ends: the interpreter's teardown with the group alive may abort
 
 
 def test_two_ranks_update_equals_one_rank_on_the_same_batch(tmp_path):
