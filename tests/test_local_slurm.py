@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -88,7 +89,8 @@ def wait_until_finished(job_id: str, deadline_s: float = JOB_DEADLINE_S) -> dict
         if row["State"] not in UNFINISHED:
             return row
         if time.monotonic() > deadline:
-            pytest.fail(f"job {job_id} still {row['State'] or 'unknown to sacct'} after {deadline_s}s; {logs_hint()}")
+            state = row["State"] or "unknown to sacct"
+            pytest.fail(f"job {job_id} still {state} after {deadline_s}s; {logs_hint(job_id)}")
         time.sleep(0.5)
 
 
@@ -96,7 +98,7 @@ def wait_until_state(job_id: str, wanted: str) -> None:
     deadline = time.monotonic() + JOB_DEADLINE_S
     while (state := sacct_row(job_id)["State"]) != wanted:
         if state not in UNFINISHED or time.monotonic() > deadline:
-            pytest.fail(f"job {job_id} is {state}, never reached {wanted}; {logs_hint()}")
+            pytest.fail(f"job {job_id} is {state}, never reached {wanted}; {logs_hint(job_id)}")
         time.sleep(0.5)
 
 
@@ -108,8 +110,20 @@ def pid_file(daemon: str) -> Path:
     return state_dir() / "run" / "slurm" / f"{daemon}.pid"
 
 
-def logs_hint() -> str:
-    return f"see logs in {state_dir() / 'log'}"
+def logs_hint(job_id: str | None = None) -> str:
+    """Where the daemons' logs are; with ``job_id``, also their last lines that name the job
+    (a CI machine's logs are gone once the run ends)."""
+    hint = f"see logs in {state_dir() / 'log'}"
+    if job_id is None:
+        return hint
+    names = re.compile(rf"(JobId=|job |\[){job_id}\b")
+    lines = []
+    for daemon in ("slurmctld", "slurmd"):
+        log = state_dir() / "log" / f"{daemon}.log"
+        if log.exists():
+            named = [line for line in log.read_text(errors="replace").splitlines() if names.search(line)]
+            lines += [f"  {daemon}: {line}" for line in named[-15:]]
+    return hint + "; the lines that name the job:\n" + "\n".join(lines)
 
 
 def daemon_pids(program: str) -> list[int]:
@@ -142,7 +156,7 @@ def submitit_final_state(job: submitit.Job) -> str:
     deadline = time.monotonic() + JOB_DEADLINE_S
     while (state := job.get_info(mode="force").get("State", "")) in UNFINISHED | {"UNKNOWN"}:
         if time.monotonic() > deadline:
-            pytest.fail(f"submitit job {job.job_id} still {state or 'unknown'}; {logs_hint()}")
+            pytest.fail(f"submitit job {job.job_id} still {state or 'unknown'}; {logs_hint(job.job_id)}")
         time.sleep(0.5)
     return state
 
@@ -207,7 +221,7 @@ def test_start_after_every_daemon_was_killed_brings_the_cluster_back(cluster: No
     job_id = sbatch("--output", str(output), "--wrap", "echo back")
     deadline = time.monotonic() + JOB_DEADLINE_S
     while not (output.is_file() and sacct_row(job_id)["State"] == "COMPLETED"):
-        assert time.monotonic() < deadline, f"job {job_id}: {sacct_row(job_id)}; {logs_hint()}"
+        assert time.monotonic() < deadline, f"job {job_id}: {sacct_row(job_id)}; {logs_hint(job_id)}"
         time.sleep(0.5)
     assert output.read_text().strip() == "back"
 
@@ -228,7 +242,7 @@ def test_controller_restart_keeps_a_running_job(cluster: None, tmp_path: Path, r
     assert len(controller_after) == 1, f"slurmctld processes after restart-ctld: {controller_after}"
     # `stop` and `status` go by the pid file, so it must name the daemon, not a fork it exited from.
     assert controller_after == [int(pid_file("slurmctld").read_text())]
-    assert row["State"] == "COMPLETED"
+    assert row["State"] == "COMPLETED", f"job {job_id}: {row}; output {output.read_text()!r}; {logs_hint(job_id)}"
     assert output.read_text().strip() == "survived"
 
 
