@@ -194,6 +194,25 @@ def test_start_twice_leaves_one_of_each_daemon(cluster: None) -> None:
     assert run_script("status").returncode == 0
 
 
+def skip_reused_job_ids(most: int = 1000) -> None:
+    """Move the controller's job ids past every id the accounting database knows.
+
+    A controller killed with SIGKILL forgets the ids it handed out since its last state save
+    and hands them out again. Until a new job reaches the database, ``sacct -j`` shows the
+    earlier job of that id, so a later test would read another job's end (CI saw a test's
+    ``sleep 6`` job reported FAILED with exit 3 in 16 ms). Held jobs, cancelled at once, take
+    the forgotten ids."""
+    known = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw", "-S", "now-1days"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    highest = max((int(job_id) for job_id in known if job_id.isdigit()), default=0)
+    for _ in range(most):
+        job_id = sbatch("--hold", "--job-name", "skip-reused-id", "--wrap", "true")
+        subprocess.run(["scancel", job_id], capture_output=True, check=True)
+        if int(job_id) > highest:
+            return
+    pytest.fail(f"{most} new jobs did not pass job id {highest}, the highest the database knows")
+
+
 @needs_root
 def test_start_after_every_daemon_was_killed_brings_the_cluster_back(cluster: None, tmp_path: Path) -> None:
     # As after a machine restart: no daemon runs, and each left its pid file.
@@ -217,6 +236,7 @@ def test_start_after_every_daemon_was_killed_brings_the_cluster_back(cluster: No
         assert daemon_pids(program) != killed[program]
     # A controller killed before it saved its state hands out job ids again, so sacct may
     # still show the earlier job of that id for a moment: wait for this job's own record.
+    skip_reused_job_ids()
     output = tmp_path / "job.out"
     job_id = sbatch("--output", str(output), "--wrap", "echo back")
     deadline = time.monotonic() + JOB_DEADLINE_S
