@@ -7,12 +7,15 @@ from __future__ import annotations
 import subprocess
 import time
 
+import attrs
+
 from sweepkit.state import files as fs
 from sweepkit.state import records as st
 from sweepkit.state import transitions as tr
 from sweepkit.run.executors import sacct, squeue
 from sweepkit.run.executors.slurm_follow import settle_orphans
-from sweepkit.run.executors.slurm_jobs import ARRAY, CHAIN, JOB, Registry, Submission, job_comment, orphan_slots
+from sweepkit.run.executors.slurm_jobs import (ARRAY, CHAIN, JOB, REUSED_ID_MARGIN_S, UNKNOWN_GRACE_S, Registry,
+                                               Submission, alive, job_comment, orphan_slots)
 from test_slurm_executor import cluster, on_cluster, wait_for  # noqa: F401 (cluster: a fixture)
 
 
@@ -107,3 +110,35 @@ def test_orphans_are_the_runs_dirs_unrecorded_jobs_and_the_driver_of_their_cell_
         assert {orphan.job_id for orphan in registry.orphans()} == {f"{array}_1", f"{array}_2"}  # d, e: not its
     finally:
         sacct.cancel(ids)
+
+
+@on_cluster
+def test_an_earlier_jobs_record_under_a_reused_id_is_not_taken_for_the_new_jobs_end(tmp_path):
+    # A controller that died before saving its state hands an id out again; until the new job
+    # reaches the database, sacct shows the earlier job of that id. Here the registry records
+    # an ended job's id as submitted now, which is how such a reuse looks from the runs dir.
+    earlier = subprocess.run(["sbatch", "--parsable", "--job-name=sweepkit_test_reused", "--wrap", "exit 3"],
+                             capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    pending = held()
+    try:
+        wait_for("sacct to list the failed job with its end", lambda: (
+            (record := sacct.query([earlier]).get(earlier)) is not None and record.state == "FAILED"
+            and record.end is not None))
+        record = sacct.query([earlier])[earlier]
+        assert abs(time.time() - record.end) < 60  # sacct's local time read as this clock's
+        wait_for("sacct to list the held job", lambda: pending in sacct.query([pending]))
+        assert sacct.query([pending])[pending].end is None  # has not ended
+        time.sleep(max(0.0, record.end + REUSED_ID_MARGIN_S + 1 - time.time()))
+        now = time.time()
+
+        assert alive(record, now, now)  # another job's end: this one may not be in the database yet
+        assert not alive(record, record.end - 1, now)  # submitted before it ended: its own end
+        assert not alive(record, now - UNKNOWN_GRACE_S - 1, now)  # after the grace time, taken as it is
+        assert not alive(record, 0.0, now)  # submission time unknown: taken as it is
+
+        reused, own = Registry(tmp_path / "reused"), Registry(tmp_path / "own")
+        reused.append(entry(JOB, earlier))
+        own.append(attrs.evolve(entry(JOB, earlier), submitted=record.end - 1))
+        assert (reused.slots_used(), own.slots_used()) == (1, 0)
+    finally:
+        sacct.cancel([earlier, pending])

@@ -50,6 +50,7 @@ class Cancelled:
 def cancel_cells(runs_dir: Path, directories: list[Path]) -> list[Cancelled]:
     """scancel the SLURM jobs of the cells in ``directories``; returns what was cancelled."""
     registry = Registry(runs_dir)
+    submitted = registry.submitted_times()  # job id -> when it was submitted, to tell a reused id
     targets = []
     for directory in directories:
         state = st.read_state(directory)
@@ -57,16 +58,21 @@ def cancel_cells(runs_dir: Path, directories: list[Path]) -> list[Cancelled]:
             continue
         ids = []
         if state.submission is not None and state.submission.executor == failures.SLURM:
-            ids += sacct.split_ids([state.submission.job_id])
+            chain = sacct.split_ids([state.submission.job_id])
+            ids += chain
+            submitted.update(dict.fromkeys(chain, state.submission.submitted))
         ids += registry_jobs(registry, state.nodeid)
         if ids:
             token = state.submission.token if state.submission else None
             targets.append(Cancelled(directory=directory, token=token, job_ids=tuple(dict.fromkeys(ids))))
     records = sacct.query(job_id for target in targets for job_id in target.job_ids)
     now = time.time()
-    live = [attrs.evolve(target, job_ids=tuple(job_id for job_id in target.job_ids
-                                               if alive(records.get(job_id), now, now)))
-            for target in targets]
+
+    def to_cancel(job_id: str) -> bool:  # a job sacct does not know yet is cancelled all the same
+        record = records.get(job_id)
+        return record is None or alive(record, submitted.get(job_id, 0.0), now)
+
+    live = [attrs.evolve(target, job_ids=tuple(filter(to_cancel, target.job_ids))) for target in targets]
     live = [target for target in live if target.job_ids]
     sacct.cancel(job_id for target in live for job_id in target.job_ids)
     return live

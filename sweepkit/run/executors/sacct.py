@@ -11,6 +11,11 @@ are expanded.
 Job ids are strings: ``123`` (a job), ``123_4`` (a task of an array), and a cell's chain
 is stored as its jobs' ids joined with commas (``123,124,125``, head first).
 
+An id can name two jobs: a controller that died without saving its state hands out again
+the ids it gave since its last save, and ``sacct -j`` shows the newest job of an id that
+the database knows, until the new job reaches it the earlier one. Each record carries its
+end time so that callers who know when they submitted can tell (``slurm_jobs.alive``).
+
 The user's whole queue, as the controller lists it (for orphans and the cap across runs
 dirs), is :mod:`sweepkit.run.executors.squeue`.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable
 
 import attrs
@@ -38,6 +44,7 @@ class JobRecord:
     state: str  # first word: "CANCELLED by 0" is CANCELLED
     exit_code: str = ""
     reason: str = ""
+    end: float | None = None  # when it ended (seconds since the epoch); None while it has not
 
     @property
     def alive(self) -> bool:
@@ -83,20 +90,30 @@ def query(job_ids: Iterable[str | None]) -> dict[str, JobRecord]:
     if not wanted:
         return {}
     masters = sorted({array_id(job_id) for job_id in wanted}, key=lambda value: int(value) if value.isdigit() else 0)
-    answer = ask(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Reason", "-j", ",".join(masters)])
+    answer = ask(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Reason,End", "-j", ",".join(masters)])
     records: dict[str, JobRecord] = {}
     for line in answer.splitlines():
         fields = line.split("|")
-        if len(fields) < 4 or not fields[0]:
+        if len(fields) < 5 or not fields[0]:
             continue
         state = fields[1].split()[0] if fields[1].strip() else "UNKNOWN"
         for job_id in expand_ids(fields[0]):
             # A requeued job has several rows; the last one is the current run.
-            records[job_id] = JobRecord(job_id=job_id, state=state, exit_code=fields[2], reason=fields[3])
+            records[job_id] = JobRecord(job_id=job_id, state=state, exit_code=fields[2], reason=fields[3],
+                                        end=timestamp(fields[4]))
     wanted_set = set(wanted)
     # A plain id that is an array's own id stands for every task of it.
     return {job_id: record for job_id, record in records.items()
             if job_id in wanted_set or array_id(job_id) in wanted_set}
+
+
+def timestamp(text: str) -> float | None:
+    """sacct's ``2026-12-06T06:10:47`` (the local time of this process, as sacct prints it)
+    in seconds since the epoch; None for ``Unknown``, ``None`` or an empty field."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def in_queue(job_ids: Iterable[str | None]) -> set[str] | None:

@@ -41,6 +41,8 @@ REGISTRY_FILE = "jobs.jsonl"
 LOCK_FILE = "submit.lock"
 # sacct learns of a job a moment after sbatch returns: until then an unknown job is alive.
 UNKNOWN_GRACE_S = 120.0
+# An ended record whose end is this long before its job's submission is an earlier job's.
+REUSED_ID_MARGIN_S = 5.0
 JOB, CHAIN, ARRAY = "job", "chain", "array"
 #: What a sweepkit job's comment says first (after a cell's own comment, ``; `` between).
 COMMENT_TAG = "sweepkit cells"
@@ -229,6 +231,17 @@ class Registry:
 
 
 def alive(record: sacct.JobRecord | None, submitted: float, now: float) -> bool:
-    if record is None:
+    """Whether the job submitted at ``submitted`` (0: not known) has not ended: a job that sacct
+    does not know yet, or knows only by an earlier job of its id, is alive for a grace time."""
+    if record is None or earlier_job(record, submitted, now):
         return now - submitted < UNKNOWN_GRACE_S
     return record.alive
+
+
+def earlier_job(record: sacct.JobRecord, submitted: float, now: float) -> bool:
+    """Whether ``record`` is another, earlier job's that had the same id (``sacct`` says how):
+    it ended well before this job was submitted. Only in the grace time, while this job may
+    not have reached the database: after it, a record is taken as it is, so a clock that
+    disagrees with the controller's delays what this job's record says, never loses it."""
+    return (submitted > 0 and now - submitted < UNKNOWN_GRACE_S and not record.alive
+            and record.end is not None and record.end < submitted - REUSED_ID_MARGIN_S)
