@@ -179,6 +179,44 @@ def test_a_second_ctrl_c_as_the_driver_cancels_does_not_cut_its_record_short(cpu
         assert state["state"] == "completed" and len(state["attempts"]) == 1
 
 
+WATCHFUL_EXECUTOR = """
+import json, sys
+
+import sweepkit as sk
+from sweepkit.run.executors.local import LocalExecutor
+
+
+class Watchful(LocalExecutor):
+    def submit(self, jobs):
+        polars, steady = sys.modules.get("polars"), sys.modules.get("steadystate")
+        imported = {"polars": hasattr(polars, "DataFrame"), "steadystate": hasattr(steady, "steady_mean")}
+        with open("imported.jsonl", "a") as out:
+            out.write(json.dumps({"cells": len(jobs), **imported}) + "\\n")
+        return super().submit(jobs)
+
+
+@sk.hookimpl
+def sweep_register_executors(register):
+    register("watchful", lambda session: Watchful([], max_parallel=1), "local, notes what is imported")
+"""
+
+
+def test_the_driver_has_imported_its_metric_readers_before_it_submits_a_cell(cpu_sweeper):
+    # A Ctrl-C that cut the driver's first import of polars short (its first read of a
+    # cell's metrics, in the loop) left polars half-imported and the interrupted driver
+    # killed by SIGINT after its summary, instead of exiting 2 (CI, 1 run in 15 to 30);
+    # steadystate, which the summary's sec/step reads, was imported there too.
+    script_grid(cpu_sweeper, "g", """
+        c1 = sk.cell(steps=2)
+    """, sleep=0.0)
+    cpu_sweeper.write("grids/sweepconf.py", WATCHFUL_EXECUTOR)
+    result = cpu_sweeper.run("run", "--executor", "watchful")
+
+    assert result.ret == 0 and "2 passed" in result.stdout, result
+    submits = [json.loads(line) for line in (cpu_sweeper.path / "imported.jsonl").read_text().splitlines()]
+    assert submits == [{"cells": 1, "polars": True, "steadystate": True}] * 2
+
+
 @on_cluster
 def test_on_slurm_a_queued_cells_old_run_stays_until_its_job_starts(sweeper):
     # The SLURM executor submits every cell at once; two take the 2-CPU node and hang, the

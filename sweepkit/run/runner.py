@@ -41,7 +41,7 @@ from sweepkit.run.summary import Summary as RunSummary
 from sweepkit.state import files as fs
 from sweepkit.state import records as st
 from sweepkit.state import transitions as tr
-from sweepkit.state.metrics import Follower, Summary
+from sweepkit.state.metrics import Follower, Summary, import_readers
 
 POLL_INTERVAL_S = 0.2
 # A submission whose job has not taken the cell's lock after this long, while its driver
@@ -143,6 +143,7 @@ class Run:
         self.driver_lock = fs.DriverLock(session.runs_dir)
 
     def execute(self) -> int:
+        import_readers()  # the loop reads metrics: not a first import there, where a Ctrl-C can cut it short
         self.driver_lock.acquire()
         try:
             return self._execute()

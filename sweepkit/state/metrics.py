@@ -18,7 +18,9 @@ and :func:`summary_expressions` are the expressions all of them compute a cell's
 sec/step and reward with.
 
 polars is imported by the functions that read, not by the module: the runner (loaded by
-every ``sweep`` command) imports this module, and ``sweep list`` never reads a metric.
+every ``sweep`` command) imports this module, and ``sweep list`` never reads a metric. The
+driver imports both polars and steadystate with :func:`import_readers` before it starts
+anything, never from its loop.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ MIRROR_LINE = re.compile(r"WANDB_MIRROR kind=(?P<kind>\S+) step=(?P<step>-?\d+) 
 
 STEP_TIME = "timing/step"
 REWARD = "reward/mean"
+
+
+def import_readers() -> None:
+    """Import what reading metrics needs (polars, steadystate) now, so that a later read
+    does not. An import that a Ctrl-C cuts short leaves its package half-imported for the
+    rest of the process (its next import fails on a missing attribute), so a driver, whose
+    first read of a cell's metrics would otherwise fall in the loop a Ctrl-C interrupts,
+    imports them before it submits anything; a Ctrl-C then stops a driver that has not
+    started a cell."""
+    import polars  # noqa: F401
+    import steadystate  # noqa: F401
 
 
 def source(directory: Path) -> tuple[str, Path] | None:
