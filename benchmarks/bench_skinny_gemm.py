@@ -92,13 +92,13 @@ def tiles(k: int):
 
 
 def calls_for(tile, x, weights):
-    bn, bk, split, warps, stages = tile
-    n = weights[0].shape[0]
-    if split == 1:
-        outs = [torch.empty(x.shape[0], n, device=x.device, dtype=x.dtype) for _ in weights]
-        return [lambda w=w, y=y: swap_ab(x, w, y, bn, bk, 1, warps, stages) for w, y in zip(weights, outs)]
-    outs = [torch.empty(x.shape[0], n, device=x.device, dtype=torch.float32) for _ in weights]
-    return [lambda w=w, y=y: swap_ab(x, w, y.zero_(), bn, bk, split, warps, stages) for w, y in zip(weights, outs)]
+    """One call per weight, each returning its output: in x's dtype, or in fp32 and zeroed
+    first with split-K, whose partial sums are added into it."""
+    split = tile[2]
+    dtype = x.dtype if split == 1 else torch.float32
+    outs = [torch.empty(x.shape[0], weights[0].shape[0], device=x.device, dtype=dtype) for _ in weights]
+    prepare = (lambda y: y) if split == 1 else torch.Tensor.zero_
+    return [lambda w=w, y=y: swap_ab(x, w, prepare(y), *tile) for w, y in zip(weights, outs)]
 
 
 def main(argv=None) -> int:
@@ -128,8 +128,7 @@ def main(argv=None) -> int:
                     print(f"  {gemm} {tile}: {type(error).__name__}: {str(error)[:120]}", file=sys.stderr)
             best = min(found, key=found.get)
             ours = found[best]
-            check = torch.zeros(args.batch, n, device="cuda", dtype=torch.float32 if best[2] > 1 else torch.bfloat16)
-            swap_ab(x, weights[0], check, best[0], best[1], best[2], best[3], best[4])
+            check = calls_for(best, x, weights[:1])[0]()
             error = (check.float() - F.linear(x.float(), weights[0].float())).abs().max().item()
             totals[0] += cublas * count
             totals[1] += ours * count
