@@ -16,6 +16,13 @@ Any other trainer key can be set with ``--set key=value``.
 prompts and reward) in its own process with the same shape arguments, and prints both
 seconds per step and their ratio. TRL is not a dependency of this project; it is checked
 for before the trainer's run, so a missing install fails in seconds.
+
+``--profile-update`` runs the last step's policy update under ``torch.profiler`` and prints
+its device time by kind of kernel (GEMMs, attention, the compiled Triton kernels, the
+optimizer, copies) and its top kernels: where the update's time goes, measured::
+
+    python benchmarks/bench_trainer.py --model random:qwen2.5-0.5b --dataset /path/to/gsm8k \
+        --prompts 32 --samples 4 --generate-length 512 --steps 4 --set enforce_eager=false --profile-update
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -56,6 +64,8 @@ def parse_args(argv=None):
     parser.add_argument("--memory-gb", type=float, default=None,
                         help="cap this process's share of the GPU's memory at this many GB (as a smaller card "
                              "would hold it: an A100-64GB is --memory-gb 64)")
+    parser.add_argument("--profile-update", action="store_true",
+                        help="profile the last step's update: device time by kind of kernel, top kernels")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--compare", choices=("trl",),
                         help="then run TRL's GRPOTrainer on the same shape (bench_trl.py), print the ratio")
@@ -119,6 +129,8 @@ def main(argv=None) -> int:
 
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb * 1e9 / total))
+    if args.profile_update:
+        profile_last_update(cfg.max_steps)
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
         metrics = Path(scratch) / "metrics.jsonl"
         with open(Path(scratch) / "stdout.log", "w") as quiet:
@@ -154,6 +166,70 @@ def main(argv=None) -> int:
     if args.compare == "trl":
         return compare_with_trl(args, summary, as_json=False)
     return 0
+
+
+# -- --profile-update ------------------------------------------------------------------------
+
+# Kinds of kernel by name, first match wins: cuBLAS/CUTLASS GEMMs, attention (flex
+# attention's templates, SDPA's flash/efficient kernels), the optimizer, the rest of what
+# torch.compile generated (fused norms, activations, the log-prob chunks), copies and casts.
+KERNEL_KINDS = (
+    ("gemm", re.compile(r"gemm|^aten::(mm|addmm|bmm)$|nvjet|cutlass|xmma|sm90_|sm80_|ampere_|hopper", re.I)),
+    ("attention", re.compile(r"flex|flash|fmha|attention|triton_tem", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor|foreach|clip", re.I)),
+    ("triton (compiled)", re.compile(r"^triton_", re.I)),
+    ("copy/cast", re.compile(r"copy|cast|convert|fill|memset|memcpy|cat|index", re.I)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "other")
+
+
+def profile_last_update(steps: int) -> None:
+    """Wrap the loop's ``update_policy``: its ``steps``-th call runs under torch.profiler, and
+    its kernels are printed by kind (stderr) as it returns. On a CPU: its ops, by self time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import trainer.loop as loop
+
+    inner, calls = loop.update_policy, []
+    cuda = torch.cuda.is_available()
+
+    def update_policy(*args, **kwargs):
+        calls.append(None)
+        if len(calls) < steps:
+            return inner(*args, **kwargs)
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            out = inner(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+        print_kernel_kinds(prof.events(), cuda=cuda, title=f"the update of step {len(calls)}")
+        return out
+
+    loop.update_policy = update_policy
+
+
+def print_kernel_kinds(events, *, cuda: bool, title: str, top: int = 25) -> None:
+    if cuda:
+        timed = [(event.name, event.device_time_total) for event in events if event.device_type.name == "CUDA"]
+    else:
+        timed = [(event.name, event.self_cpu_time_total) for event in events]
+    total = sum(time_us for _, time_us in timed) or 1.0
+    by_kind, by_name = {}, {}
+    for name, time_us in timed:
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + time_us
+        name_us, count = by_name.get(name, (0.0, 0))
+        by_name[name] = (name_us + time_us, count + 1)
+    what = "kernels" if cuda else "CPU ops (self time)"
+    print(f"{title}: {total / 1e3:.1f} ms of {what}, {len(timed)} launches", file=sys.stderr)
+    for kind, time_us in sorted(by_kind.items(), key=lambda item: -item[1]):
+        print(f"  {kind:<18} {time_us / 1e3:8.1f} ms  {time_us / total:6.1%}", file=sys.stderr)
+    print(f"  top {top} (ms, launches, kind):", file=sys.stderr)
+    for name, (time_us, count) in sorted(by_name.items(), key=lambda item: -item[1][0])[:top]:
+        print(f"  {time_us / 1e3:8.2f} {count:6d}  {kernel_kind(name):<18} {name[:110]}", file=sys.stderr)
 
 
 # -- --compare trl ------------------------------------------------------------------------------

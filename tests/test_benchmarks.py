@@ -82,3 +82,35 @@ def test_the_timing_rule_replay_adds_up_what_each_target_would_have_spent(tmp_pa
     assert lines["steady"][1:] == ["4", "11", f"{30 + sum(steady):.1f}", "6", f"{30 + sum(steady[:5]):.1f}"]
     assert lines["noisy"][4] == "-"
     assert lines["GPU-seconds:"][-1] == str(4 * 60 * 2)  # the fixed budget: 2 cells x 4 GPUs x 60 s
+
+
+def test_profile_update_profiles_the_last_steps_update_and_sums_it_by_kind(capsys, monkeypatch):
+    import trainer.loop
+
+    monkeypatch.setattr(trainer.loop, "update_policy", trainer.loop.update_policy)  # restored after the test
+    bench = _load("bench_trainer")
+    assert bench.main(["--steps", "2", "--prompts", "2", "--samples", "2", "--generate-length", "4",
+                       "--device", "cpu", "--profile-update"]) == 0
+    err = capsys.readouterr().err
+    head, _, rest = err.partition("the update of step 2: ")
+    assert head and rest, err  # the second (last) step's update, and only it
+    assert "the update of step 1" not in err
+    total = float(rest.split(" ms")[0])
+    kinds = {}
+    for line in rest.splitlines()[1:]:
+        if line.strip().startswith("top "):
+            break
+        name, ms, _, _ = line.rsplit(None, 3)  # "  triton (compiled)   36.4 ms   6.7%"
+        kinds[name.strip()] = float(ms)
+    assert "gemm" in kinds  # the matmuls of the forward and backward, found by name
+    assert abs(sum(kinds.values()) - total) <= 0.1 * len(kinds) + 0.05  # the kinds add up to the whole
+
+
+def test_kernel_kinds_tell_gemms_attention_and_compiled_kernels_apart():
+    bench = _load("bench_trainer")
+    assert bench.kernel_kind("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT") == "gemm"
+    assert bench.kernel_kind("triton_tem_fused_flex_attention_backward_transpose_view_5") == "attention"
+    assert bench.kernel_kind("triton_poi_fused__to_copy_arange_eq_exp_mul_where_0") == "triton (compiled)"
+    assert bench.kernel_kind("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>") \
+        == "optimizer"
+    assert bench.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy/cast"
