@@ -178,6 +178,21 @@ def pytest_runtest_teardown(item, nextitem):
         lock.release()  # the row of SLURM tests ends here
 
 
+@pytest.fixture(autouse=True)
+def _no_slurm_output_in_the_checkout(request):
+    """A job submitted without ``--output`` writes ``slurm-<id>.out`` into the submitting
+    process's cwd, the checkout, where the suite must leave nothing: a SLURM test fails if
+    one appears while it runs (its own job's, or a job an earlier test left to start)."""
+    if not on_slurm(request.node):
+        yield
+        return
+    root = request.config.rootpath
+    before = set(root.glob("slurm-*.out"))
+    yield
+    leaked = sorted(path.name for path in set(root.glob("slurm-*.out")) - before)
+    assert not leaked, f"SLURM job output written into the checkout {root}: {leaked} (submit with --output)"
+
+
 @pytest.fixture
 def restarts_the_controller():
     """For a test that restarts slurmctld: afterwards, cancel what the restart requeued.

@@ -52,7 +52,9 @@ def cluster() -> None:
 
 
 def sbatch(*args: str) -> str:
-    submitted = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, check=True)
+    """Submit; a job without ``--output`` of its own writes nowhere (not slurm-N.out in the cwd)."""
+    output = [] if any(arg.startswith("--output") for arg in args) else ["--output=/dev/null"]
+    submitted = subprocess.run(["sbatch", "--parsable", *output, *args], capture_output=True, text=True, check=True)
     return submitted.stdout.strip().split(";")[0]
 
 
