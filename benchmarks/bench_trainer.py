@@ -19,7 +19,8 @@ for before the trainer's run, so a missing install fails in seconds.
 
 ``--profile-update`` runs the last step's policy update under ``torch.profiler`` and prints
 its device time by kind of kernel (GEMMs, attention, the compiled Triton kernels, the
-optimizer, copies) and its top kernels: where the update's time goes, measured::
+optimizer, copies) and its top kernels: where the update's time goes, measured. That step's
+time then includes the profiler's own, so read sec/step from a run without it::
 
     python benchmarks/bench_trainer.py --model random:qwen2.5-0.5b --dataset /path/to/gsm8k \
         --prompts 32 --samples 4 --generate-length 512 --steps 4 --set enforce_eager=false --profile-update

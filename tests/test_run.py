@@ -179,6 +179,48 @@ def test_a_second_ctrl_c_as_the_driver_cancels_does_not_cut_its_record_short(cpu
         assert state["state"] == "completed" and len(state["attempts"]) == 1
 
 
+HASTY_EXECUTOR = """
+import os, signal
+
+import sweepkit as sk
+from sweepkit.run.executors.local import LocalExecutor
+
+
+class Hasty(LocalExecutor):
+    def submit(self, jobs):
+        handles = super().submit(jobs)  # the cell's job has started
+        if jobs:
+            with open("started.txt", "w") as out:
+                out.write(" ".join(str(handle.job_id) for handle in handles))
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, before the driver has its handle
+        return handles
+
+
+@sk.hookimpl
+def sweep_register_executors(register):
+    register("hasty", lambda session: Hasty([], max_parallel=1), "local, Ctrl-C as a cell starts")
+"""
+
+
+def test_a_ctrl_c_while_a_cell_starts_cancels_that_cell_too(cpu_sweeper):
+    # A Ctrl-C raised where it landed, between the executor starting a cell's job and the
+    # driver noting its handle, left that job unknown to the driver: never cancelled, it ran
+    # its cell to the end (the driver's close waited for it) under a driver that then said
+    # "interrupted".
+    script_grid(cpu_sweeper, "g", "", steps=200, sleep=0.1)  # 20 s if nothing stops it
+    cpu_sweeper.write("grids/sweepconf.py", HASTY_EXECUTOR)
+    result = cpu_sweeper.run("run", "--executor", "hasty")
+
+    assert result.ret == 2, result
+    assert "interrupted; cancelled the running cells" in result.stdout, result
+    assert (cpu_sweeper.path / "started.txt").read_text()  # the job had started
+    # Its driver has ended, and its jobs with it: cancelled before its cell started (the next
+    # run takes it over) or as it had started, never run on.
+    state = state_of(cpu_sweeper, "g", "base")
+    assert state["state"] in ("submitted", "cancelled"), f"the cell ran on after the Ctrl-C: {state}"
+    assert [attempt["failure_class"] for attempt in state["attempts"]] in ([], ["CANCELLED"]), state
+
+
 WATCHFUL_EXECUTOR = """
 import json, sys
 

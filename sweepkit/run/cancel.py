@@ -1,7 +1,7 @@
 """``sweep cancel [PATH[::CELL] ...]``: stop the cells' runs: the SLURM jobs of cells,
 chains included, and the live ``sweep run`` drivers on this machine that run any of them.
 
-A driver is stopped as Ctrl-C stops it (SIGTERM, see ``runner.sigterm_interrupts``): its
+A driver is stopped as Ctrl-C stops it (SIGTERM, see :mod:`sweepkit.run.interrupts`): its
 running cells are interrupted through their own job process (a trainer checkpoints its
 step first) and the cells it had not started are recorded cancelled; a cell whose job
 ended before it could record its end is recorded cancelled here. A local cell runs under

@@ -1,18 +1,15 @@
 """The run's two ways of not following its cells to their end here: ``--dry-run`` (show each
 cell's plan and job, write only the job scripts an executor renders) and ``--detach`` with an
 executor whose jobs need a driver (start this same command as a background driver and
-return); and how a driver takes SIGTERM.
+return).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -49,32 +46,6 @@ def dry_run(session, plans, jobs, executor: Executor) -> int:
     console.print(f"dry run: would run {counts[pl.FRESH]} fresh, resume {counts[pl.RESUME]}, skip {counts[pl.SKIP]}, "
                   f"wait for {counts[pl.ATTACH]} running; {written}", markup=False)
     return ExitCode.OK
-
-
-@contextlib.contextmanager
-def sigterm_interrupts():
-    """SIGTERM (``sweep cancel``, ``kill``) stops a driver the way Ctrl-C does: its running
-    cells are cancelled and recorded. A driver started in the background by a shell ignores
-    SIGINT, so SIGTERM is how it is stopped."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    # A driver a shell put in the background inherits SIGINT ignored, and so would every
-    # process it starts: submitit cancels a local job with SIGINT, which must not be lost.
-    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def status_command(session) -> str:

@@ -33,8 +33,9 @@ from sweepkit.run import failures
 from sweepkit.run import plan as pl
 from sweepkit.run import prepare
 from sweepkit.run.context import RunContext
-from sweepkit.run.detach import dry_run, sigterm_interrupts, start_background_driver
+from sweepkit.run.detach import dry_run, start_background_driver
 from sweepkit.run.executors.base import DONE, Executor, Handle
+from sweepkit.run.interrupts import deferred_interrupts
 from sweepkit.run.job import ignoring
 from sweepkit.run.progress import RunDisplay, describe, fmt_duration, label
 from sweepkit.run.summary import Summary as RunSummary
@@ -151,9 +152,11 @@ class Run:
             self.driver_lock.release()
 
     def _execute(self) -> int:
-        with self.display, sigterm_interrupts():
+        # A Ctrl-C or SIGTERM is acted on at each stop.check(), between the loop's steps.
+        with self.display, deferred_interrupts() as stop:
             try:
                 for plan in self.plans:
+                    stop.check()
                     tracked = Tracked(plan=plan, follower=Follower(plan.directory),
                                       job=self.jobs.get(plan.cell.nodeid))
                     if plan.action == pl.SKIP:
@@ -163,15 +166,15 @@ class Run:
                     else:
                         self.queue.append(tracked)
                 while self.queue or self.active or self.attached:
-                    self._watch()
-                    self._submit_ready()
-                    self._poll()
-                    self._show_executor_events()
+                    for step in (self._watch, self._submit_ready, self._poll, self._show_executor_events):
+                        stop.check()
+                        step()
                     self.display.refresh()
                     if self.session.options.detach and not self.queue:
                         break  # jobs_outlive_driver: everything is queued at the executor
                     if self.queue or self.active or self.attached:
-                        time.sleep(POLL_INTERVAL_S)
+                        time.sleep(POLL_INTERVAL_S)  # a signal meanwhile: acted on as the loop goes round
+                stop.check()
             except KeyboardInterrupt:
                 self._stop("cancelled", "interrupted; cancelled the running cells")
                 return ExitCode.INTERRUPTED

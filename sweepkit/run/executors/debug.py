@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from sweepkit.hookspec import hookimpl
 from sweepkit.run.executors.base import DONE, Executor, Handle
+from sweepkit.run.interrupts import interrupts_at_once
 from sweepkit.run.job import CellJob, run_cell
 
 
@@ -36,8 +37,9 @@ class DebugExecutor(Executor):
             job_id = f"debug-{os.getpid()}-{self._count}"
             handles.append(Handle(executor=self.name, job_id=job_id, cell=job))
             # Blocks: this executor's whole point. An interrupt stops the cell, is recorded,
-            # and then stops the driver too.
-            run_cell(job, job_id=job_id, reraise_interrupt=True)
+            # and then stops the driver too: it is taken here at once, not after the cell.
+            with interrupts_at_once():
+                run_cell(job, job_id=job_id, reraise_interrupt=True)
         return handles
 
     def poll(self, handle: Handle) -> str:
