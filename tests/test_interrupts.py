@@ -36,13 +36,14 @@ def test_a_second_signal_before_the_check_interrupts_at_once():
 
 
 def test_the_handlers_before_the_block_come_back_after_it():
-    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a shell's background job has SIGINT
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a job a shell put in the background
     try:
         with deferred_interrupts():
-            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)  # taken: not inherited
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+            # Taken, so a process the driver starts does not inherit it ignored.
+            assert signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before)
 
 
 def test_a_step_that_runs_a_cell_is_interrupted_at_once_and_only_inside_it():
