@@ -4,7 +4,6 @@ dependency, an array takes ``min(unfinished tasks, %N)``, and an ended job takes
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import attrs
@@ -16,15 +15,14 @@ from sweepkit.run.executors import sacct, squeue
 from sweepkit.run.executors.slurm_follow import settle_orphans
 from sweepkit.run.executors.slurm_jobs import (ARRAY, CHAIN, JOB, REUSED_ID_MARGIN_S, UNKNOWN_GRACE_S, Registry,
                                                Submission, alive, job_comment, orphan_slots)
+from test_local_slurm import sbatch
 from test_slurm_executor import cluster, on_cluster, wait_for  # noqa: F401 (cluster: a fixture)
 
 
 def held(*extra: str) -> str:
     """A job submitted on hold: it stays PENDING until released or cancelled."""
-    out = subprocess.run(["sbatch", "--parsable", "--hold", "--cpus-per-task=1", "--mem=100M", "--output=/dev/null",
-                          "--job-name=sweepkit_test_slots", *extra, "--wrap", "true"],
-                         capture_output=True, text=True, check=True).stdout
-    return out.strip().split(";")[0]
+    return sbatch("--hold", "--cpus-per-task=1", "--mem=100M", "--job-name=sweepkit_test_slots", *extra,
+                  "--wrap", "true")
 
 
 def entry(kind: str, job_id: str, **fields) -> Submission:
@@ -59,10 +57,8 @@ def test_pending_jobs_take_slots_and_ended_ones_free_them(tmp_path):
 def queued(*extra: str) -> str:
     """A job that waits in the queue: on hold unless it waits on a dependency."""
     hold = [] if any(arg.startswith("--dependency") for arg in extra) else ["--hold"]
-    out = subprocess.run(["sbatch", "--parsable", *hold, "--cpus-per-task=1", "--mem=100M", "--output=/dev/null",
-                          "--job-name=sweepkit_test_orphans", *extra, "--wrap", "true"],
-                         capture_output=True, text=True, check=True).stdout
-    return out.strip().split(";")[0]
+    return sbatch(*hold, "--cpus-per-task=1", "--mem=100M", "--job-name=sweepkit_test_orphans", *extra,
+                  "--wrap", "true")
 
 
 @on_cluster
@@ -117,9 +113,7 @@ def test_an_earlier_jobs_record_under_a_reused_id_is_not_taken_for_the_new_jobs_
     # A controller that died before saving its state hands an id out again; until the new job
     # reaches the database, sacct shows the earlier job of that id. Here the registry records
     # an ended job's id as submitted now, which is how such a reuse looks from the runs dir.
-    earlier = subprocess.run(["sbatch", "--parsable", "--job-name=sweepkit_test_reused", "--output=/dev/null",
-                              "--wrap", "exit 3"],
-                             capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    earlier = sbatch("--job-name=sweepkit_test_reused", "--wrap", "exit 3")
     pending = held()
     try:
         wait_for("sacct to list the failed job with its end", lambda: (

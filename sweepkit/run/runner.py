@@ -144,7 +144,7 @@ class Run:
         self.driver_lock = fs.DriverLock(session.runs_dir)
 
     def execute(self) -> int:
-        import_readers()  # the loop reads metrics: not a first import there, where a Ctrl-C can cut it short
+        import_readers()  # the loop reads metrics: not a first import there, where a second Ctrl-C can cut it
         self.driver_lock.acquire()
         try:
             return self._execute()

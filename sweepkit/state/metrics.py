@@ -49,10 +49,10 @@ REWARD = "reward/mean"
 def import_readers() -> None:
     """Import what reading metrics needs (polars, steadystate) now, so that a later read
     does not. An import that a Ctrl-C cuts short leaves its package half-imported for the
-    rest of the process (its next import fails on a missing attribute), so a driver, whose
-    first read of a cell's metrics would otherwise fall in the loop a Ctrl-C interrupts,
-    imports them before it submits anything; a Ctrl-C then stops a driver that has not
-    started a cell."""
+    rest of the process (its next import fails on a missing attribute). The driver's loop
+    acts on a first Ctrl-C between its steps (:mod:`sweepkit.run.interrupts`), but a second
+    one acts at once, so a driver imports these before it submits anything: its first read
+    of a cell's metrics is then never an import."""
     import polars  # noqa: F401
     import steadystate  # noqa: F401
 
