@@ -17,13 +17,19 @@ prompts and reward) in its own process with the same shape arguments, and prints
 seconds per step and their ratio. TRL is not a dependency of this project; it is checked
 for before the trainer's run, so a missing install fails in seconds.
 
-``--profile-update`` runs the last step's policy update under ``torch.profiler`` and prints
+``--profile update`` runs the last step's policy update under ``torch.profiler`` and prints
 its device time by kind of kernel (GEMMs, attention, the compiled Triton kernels, the
-optimizer, copies) and its top kernels: where the update's time goes, measured. That step's
-time then includes the profiler's own, so read sec/step from a run without it::
+optimizer, copies), how busy the device was over the stage's wall time, each kind's time in
+each quarter of the stage, and its top kernels: where the update's time goes, measured.
+``--profile generate`` does the same for the last step's rollout (prefill, then the decode
+steps, whose attention reads more columns in each quarter). A profiled stage's time then
+includes the profiler's own, so read sec/step from a run without it::
 
     python benchmarks/bench_trainer.py --model random:qwen2.5-0.5b --dataset /path/to/gsm8k \
-        --prompts 32 --samples 4 --generate-length 512 --steps 4 --set enforce_eager=false --profile-update
+        --prompts 32 --samples 4 --generate-length 512 --steps 4 --set enforce_eager=false \
+        --profile generate --profile update
+
+(``--profile-update`` is ``--profile update``.)
 """
 
 from __future__ import annotations
@@ -65,8 +71,11 @@ def parse_args(argv=None):
     parser.add_argument("--memory-gb", type=float, default=None,
                         help="cap this process's share of the GPU's memory at this many GB (as a smaller card "
                              "would hold it: an A100-64GB is --memory-gb 64)")
-    parser.add_argument("--profile-update", action="store_true",
-                        help="profile the last step's update: device time by kind of kernel, top kernels")
+    parser.add_argument("--profile", action="append", default=[], choices=PROFILED,
+                        help="profile this stage of the last step: device time by kind of kernel, top kernels "
+                             "(repeatable)")
+    parser.add_argument("--profile-update", dest="profile", action="append_const", const="update",
+                        help="the same as --profile update")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--compare", choices=("trl",),
                         help="then run TRL's GRPOTrainer on the same shape (bench_trl.py), print the ratio")
@@ -130,8 +139,8 @@ def main(argv=None) -> int:
 
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb * 1e9 / total))
-    if args.profile_update:
-        profile_last_update(cfg.max_steps)
+    for stage in dict.fromkeys(args.profile):
+        PROFILED[stage](cfg.max_steps)
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
         metrics = Path(scratch) / "metrics.jsonl"
         with open(Path(scratch) / "stdout.log", "w") as quiet:
@@ -169,14 +178,16 @@ def main(argv=None) -> int:
     return 0
 
 
-# -- --profile-update ------------------------------------------------------------------------
+# -- --profile update / generate ---------------------------------------------------------------
 
 # Kinds of kernel by name, first match wins: cuBLAS/CUTLASS GEMMs, attention (flex
-# attention's templates, SDPA's flash/efficient kernels), the optimizer, the rest of what
+# attention's templates, SDPA's flash/efficient kernels, the decode attention's Triton
+# kernels), the decode sampler's Triton kernels, the optimizer, the rest of what
 # torch.compile generated (fused norms, activations, the log-prob chunks), copies and casts.
 KERNEL_KINDS = (
     ("gemm", re.compile(r"gemm|^aten::(mm|addmm|bmm)$|nvjet|cutlass|xmma|sm90_|sm80_|ampere_|hopper", re.I)),
-    ("attention", re.compile(r"flex|flash|fmha|attention|triton_tem", re.I)),
+    ("attention", re.compile(r"flex|flash|fmha|attention|triton_tem|^_(fused|split|merge)_kernel", re.I)),
+    ("sampler", re.compile(r"^_(span|pick)_kernel")),
     ("optimizer", re.compile(r"adam|multi_tensor|foreach|clip", re.I)),
     ("triton (compiled)", re.compile(r"^triton_", re.I)),
     ("copy/cast", re.compile(r"copy|cast|convert|fill|memset|memcpy|cat|index", re.I)),
@@ -188,49 +199,103 @@ def kernel_kind(name: str) -> str:
 
 
 def profile_last_update(steps: int) -> None:
-    """Wrap the loop's ``update_policy``: its ``steps``-th call runs under torch.profiler, and
-    its kernels are printed by kind (stderr) as it returns. On a CPU: its ops, by self time."""
+    """Profile the ``steps``-th call of the loop's ``update_policy``."""
+    import trainer.loop as loop
+
+    loop.update_policy = _profiled(loop.update_policy, steps, "update")
+
+
+def profile_last_generate(steps: int) -> None:
+    """Profile the ``steps``-th call of the run's rollout engine's ``generate`` (the loop's set_up
+    is wrapped to reach the engine it builds)."""
+    import trainer.loop as loop
+
+    inner_set_up = loop.set_up
+
+    def set_up(*args, **kwargs):
+        run = inner_set_up(*args, **kwargs)
+        run.engine.generate = _profiled(run.engine.generate, steps, "generate")
+        return run
+
+    loop.set_up = set_up
+
+
+def _profiled(inner, steps: int, stage: str):
+    """``inner`` whose ``steps``-th call runs under torch.profiler, its kernels printed by kind
+    (stderr) as it returns. On a CPU: its ops, by self time."""
+    import time
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import trainer.loop as loop
-
-    inner, calls = loop.update_policy, []
+    calls = []
     cuda = torch.cuda.is_available()
 
-    def update_policy(*args, **kwargs):
+    def wrapper(*args, **kwargs):
         calls.append(None)
         if len(calls) < steps:
             return inner(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            started = time.perf_counter()
             out = inner(*args, **kwargs)
             if cuda:
                 torch.cuda.synchronize()
-        print_kernel_kinds(prof.events(), cuda=cuda, title=f"the update of step {len(calls)}")
+            wall_us = (time.perf_counter() - started) * 1e6
+        print_kernel_kinds(prof.events(), cuda=cuda, title=f"the {stage} of step {len(calls)}", wall_us=wall_us)
         return out
 
-    loop.update_policy = update_policy
+    return wrapper
 
 
-def print_kernel_kinds(events, *, cuda: bool, title: str, top: int = 25) -> None:
+PROFILED = {"update": profile_last_update, "generate": profile_last_generate}
+
+
+def print_kernel_kinds(events, *, cuda: bool, title: str, top: int = 25, wall_us: float | None = None) -> None:
+    """Device time (CPU: self time) by kind of kernel; the device's busy share of ``wall_us``; each
+    kind's time in each quarter of the span from the first kernel's start to the last one's end
+    (by start time); the ``top`` kernels by time."""
     if cuda:
-        timed = [(event.name, event.device_time_total) for event in events if event.device_type.name == "CUDA"]
+        timed = [(event.name, event.device_time_total, event.time_range.start) for event in events
+                 if event.device_type.name == "CUDA"]
     else:
-        timed = [(event.name, event.self_cpu_time_total) for event in events]
-    total = sum(time_us for _, time_us in timed) or 1.0
+        timed = [(event.name, event.self_cpu_time_total, event.time_range.start) for event in events]
+    total = sum(time_us for _, time_us, _ in timed) or 1.0
     by_kind, by_name = {}, {}
-    for name, time_us in timed:
+    for name, time_us, _ in timed:
         kind = kernel_kind(name)
         by_kind[kind] = by_kind.get(kind, 0.0) + time_us
         name_us, count = by_name.get(name, (0.0, 0))
         by_name[name] = (name_us + time_us, count + 1)
     what = "kernels" if cuda else "CPU ops (self time)"
-    print(f"{title}: {total / 1e3:.1f} ms of {what}, {len(timed)} launches", file=sys.stderr)
-    for kind, time_us in sorted(by_kind.items(), key=lambda item: -item[1]):
-        print(f"  {kind:<18} {time_us / 1e3:8.1f} ms  {time_us / total:6.1%}", file=sys.stderr)
+    busy = f" over {wall_us / 1e3:.1f} ms of wall time ({total / wall_us:.0%} busy)" if wall_us and cuda else ""
+    print(f"{title}: {total / 1e3:.1f} ms of {what}, {len(timed)} launches{busy}", file=sys.stderr)
+    kinds = sorted(by_kind, key=lambda kind: -by_kind[kind])
+    for kind in kinds:
+        print(f"  {kind:<18} {by_kind[kind] / 1e3:8.1f} ms  {by_kind[kind] / total:6.1%}", file=sys.stderr)
+    quarters = _by_quarter(timed)
+    print("  by quarter (ms):   " + " ".join(f"{f'Q{q + 1}':>7}" for q in range(4)), file=sys.stderr)
+    for kind in kinds:
+        print(f"  {kind:<18} " + " ".join(f"{quarters[q].get(kind, 0.0) / 1e3:7.1f}" for q in range(4)),
+              file=sys.stderr)
     print(f"  top {top} (ms, launches, kind):", file=sys.stderr)
     for name, (time_us, count) in sorted(by_name.items(), key=lambda item: -item[1][0])[:top]:
         print(f"  {time_us / 1e3:8.2f} {count:6d}  {kernel_kind(name):<18} {name[:110]}", file=sys.stderr)
+
+
+def _by_quarter(timed) -> list[dict[str, float]]:
+    """Each kind's time in each quarter of the span of start times of ``timed`` (name, us, start)."""
+    quarters = [{} for _ in range(4)]
+    if not timed:
+        return quarters
+    first = min(start for _, _, start in timed)
+    span = (max(start for _, _, start in timed) - first) or 1.0
+    for name, time_us, start in timed:
+        part = quarters[min(3, int(4 * (start - first) / span))]
+        kind = kernel_kind(name)
+        part[kind] = part.get(kind, 0.0) + time_us
+    return quarters
 
 
 # -- --compare trl ------------------------------------------------------------------------------

@@ -92,18 +92,47 @@ def test_profile_update_profiles_the_last_steps_update_and_sums_it_by_kind(capsy
     assert bench.main(["--steps", "2", "--prompts", "2", "--samples", "2", "--generate-length", "4",
                        "--device", "cpu", "--profile-update"]) == 0
     err = capsys.readouterr().err
-    head, _, rest = err.partition("the update of step 2: ")
-    assert head and rest, err  # the second (last) step's update, and only it
-    assert "the update of step 1" not in err
+    assert "the update of step 1" not in err  # the second (last) step's update, and only it
+    total, kinds, _ = _kinds_and_quarters(err, "the update of step 2: ")
+    assert "gemm" in kinds  # the matmuls of the forward and backward, found by name
+    assert abs(sum(kinds.values()) - total) <= 0.1 * len(kinds) + 0.05  # the kinds add up to the whole
+
+
+def _kinds_and_quarters(err: str, title: str) -> tuple[float, dict, dict]:
+    """The total, each kind's ms and its four quarters' ms from a print_kernel_kinds block."""
+    head, _, rest = err.partition(title)
+    assert head is not None and rest, err
     total = float(rest.split(" ms")[0])
-    kinds = {}
-    for line in rest.splitlines()[1:]:
-        if line.strip().startswith("top "):
+    lines = iter(rest.splitlines()[1:])
+    kinds, quarters = {}, {}
+    for line in lines:
+        if line.strip().startswith("by quarter"):
             break
         name, ms, _, _ = line.rsplit(None, 3)  # "  triton (compiled)   36.4 ms   6.7%"
         kinds[name.strip()] = float(ms)
-    assert "gemm" in kinds  # the matmuls of the forward and backward, found by name
-    assert abs(sum(kinds.values()) - total) <= 0.1 * len(kinds) + 0.05  # the kinds add up to the whole
+    for line in lines:
+        if line.strip().startswith("top "):
+            break
+        *name, q1, q2, q3, q4 = line.split()
+        quarters[" ".join(name)] = [float(q) for q in (q1, q2, q3, q4)]
+    return total, kinds, quarters
+
+
+def test_profile_generate_profiles_the_last_steps_rollout_by_kind_and_quarter(capsys, monkeypatch):
+    import trainer.loop
+
+    monkeypatch.setattr(trainer.loop, "set_up", trainer.loop.set_up)  # restored after the test
+    bench = _load("bench_trainer")
+    assert bench.main(["--steps", "2", "--prompts", "2", "--samples", "2", "--generate-length", "6",
+                       "--device", "cpu", "--profile", "generate"]) == 0
+    err = capsys.readouterr().err
+    assert "the generate of step 1" not in err and "the update of" not in err
+    total, kinds, quarters = _kinds_and_quarters(err, "the generate of step 2: ")
+    assert "gemm" in kinds  # the engine's projections and lm_head, found by name
+    assert abs(sum(kinds.values()) - total) <= 0.1 * len(kinds) + 0.05
+    assert set(quarters) == set(kinds)
+    for kind, parts in quarters.items():  # each kind's quarters add up to its time
+        assert abs(sum(parts) - kinds[kind]) <= 0.2 + 0.05, (kind, parts)
 
 
 def test_kernel_kinds_tell_gemms_attention_and_compiled_kernels_apart():
@@ -114,3 +143,7 @@ def test_kernel_kinds_tell_gemms_attention_and_compiled_kernels_apart():
     assert bench.kernel_kind("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>") \
         == "optimizer"
     assert bench.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy/cast"
+    # The decode step's Triton kernels (trainer/rollout): attention and the sampler
+    assert bench.kernel_kind("_fused_kernel") == bench.kernel_kind("_merge_kernel") == "attention"
+    assert bench.kernel_kind("_span_kernel") == bench.kernel_kind("_pick_kernel") == "sampler"
+    assert bench.kernel_kind("triton_per_fused_add_mul_rsqrt_0") == "triton (compiled)"
