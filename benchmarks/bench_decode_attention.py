@@ -7,6 +7,13 @@ the cache bytes each call reads (the columns in use), as GB/s. On the H200::
 
     python3 benchmarks/bench_decode_attention.py --batch 128 256
 
+``--fused 4`` times the engine's default op instead (``fused_decode_attention``: RoPE, the
+cache write and the attention in the split kernel, then the merge), with rows in blocks of 4
+sampling one prompt whose columns each block reads once, at ``--at`` step columns (default
+four through the decode); GB/s then counts the prompt's columns once a block::
+
+    python3 benchmarks/bench_decode_attention.py --fused 4 --configs 64x2 64x4 128x4 128x8 256x8
+
 Shape defaults: Qwen2.5-0.5B's (2 KV heads, 7 query heads each, head dim 64, 24 layers),
 a 768-column cache of 256-token prompts. Only ratios within one run mean anything.
 """
@@ -37,6 +44,9 @@ def parse_args(argv=None):
     parser.add_argument("--configs", nargs="+", default=["64x2", "128x4", "256x4", "64x2-all", "128x4-all"],
                         help="split-kv tiles as SPLITxWARPS; '-all' runs every split's program in full, "
                              "instead of returning at once from a split with none of its row's columns")
+    parser.add_argument("--fused", type=int, default=0, metavar="SHARE",
+                        help="time the fused op (the engine's), rows in blocks of SHARE sampling one prompt")
+    parser.add_argument("--at", type=int, nargs="+", help="the step columns to time at")
     return parser.parse_args(argv)
 
 
@@ -70,6 +80,8 @@ def main(argv=None) -> int:
         return 1
     torch.manual_seed(0)
     dtype = torch.bfloat16
+    if args.fused:
+        return fused_main(args, dtype)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.layers} layers, {args.kv_heads} KV heads "
           f"x {args.group} queries, d {args.head_dim}, {args.columns} columns")
     print(f"{'batch':>6}{'column':>8}  {'attention':<18}{'us/layer':>10}{'GB/s':>8}{'x sdpa':>8}")
@@ -99,7 +111,40 @@ def main(argv=None) -> int:
                     for i in range(args.layers)])))
             for name, us in rows:
                 print(f"{batch:>6}{at:>8}  {name:<18}{us:>10.2f}{read / us / 1e3:>8.0f}{sdpa / us:>8.2f}")
-        del caches
+        caches = None  # before the next batch's cache is allocated
+        torch.cuda.empty_cache()
+    return 0
+
+
+def fused_main(args, dtype) -> int:
+    """The fused op of the engine's decode step, by tile config and step column."""
+    from trainer.rollout.fused_attention import fused_decode_attention
+
+    share, d, kv, group = args.fused, args.head_dim, args.kv_heads, args.group
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; fused op, {args.layers} layers, {kv} KV heads "
+          f"x {group} queries, d {d}, {args.columns} columns, prompt {args.prompt} read once a block of {share}")
+    print(f"{'batch':>6}{'column':>8}  {'fused SPLITxWARPS':<18}{'us/layer':>10}{'GB/s':>8}")
+    for batch in args.batch:
+        caches = torch.randn((args.layers, 2, batch, kv, args.columns, d), dtype=dtype, device="cuda")
+        qkv = torch.randn((batch, (kv * group + 2 * kv) * d), dtype=dtype, device="cuda")
+        angles = torch.rand((batch, d), device="cuda") * 6.28
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        first = torch.zeros(batch, dtype=torch.long, device="cuda")
+        column = torch.zeros(1, dtype=torch.long, device="cuda")
+        shared_end = torch.full((1,), args.prompt, dtype=torch.long, device="cuda")
+        span = args.columns - args.prompt
+        for at in args.at or [args.prompt + span * k // 8 for k in (1, 3, 5, 7)]:
+            column.fill_(at)
+            # Bytes of K and V the step must read: the prompt's once a block, the rest once a row.
+            per_column = 2 * kv * d * caches.element_size()
+            read = per_column * (batch // share * min(args.prompt, at) + batch * max(0, at + 1 - args.prompt))
+            for config in args.configs:
+                split, warps = (int(part) for part in config.partition("-")[0].split("x"))
+                us = timed_graph([lambda i=i, s=split, w=warps: fused_decode_attention(
+                    qkv, cos, sin, caches[i], first, column, None, None, 1e-6, kv * group, split=s, num_warps=w,
+                    shared_end=shared_end, share=share) for i in range(args.layers)])
+                print(f"{batch:>6}{at:>8}  {config:<18}{us:>10.2f}{read / us / 1e3:>8.0f}")
+        caches = None  # before the next batch's cache is allocated
         torch.cuda.empty_cache()
     return 0
 

@@ -233,7 +233,7 @@ def _profiled(inner, steps: int, stage: str):
 
     def wrapper(*args, **kwargs):
         calls.append(None)
-        if len(calls) < steps:
+        if len(calls) != steps:  # the last step's call only (a run's final evaluation generates too)
             return inner(*args, **kwargs)
         if cuda:
             torch.cuda.synchronize()
@@ -257,8 +257,8 @@ def print_kernel_kinds(events, *, cuda: bool, title: str, top: int = 25, wall_us
     kind's time in each quarter of the span from the first kernel's start to the last one's end
     (by start time); the ``top`` kernels by time."""
     if cuda:
-        timed = [(event.name, event.device_time_total, event.time_range.start) for event in events
-                 if event.device_type.name == "CUDA"]
+        kernels = [event for event in events if event.device_type.name == "CUDA"]
+        timed = [(event.name, event.device_time_total, event.time_range.start) for event in kernels]
     else:
         timed = [(event.name, event.self_cpu_time_total, event.time_range.start) for event in events]
     total = sum(time_us for _, time_us, _ in timed) or 1.0
@@ -282,6 +282,33 @@ def print_kernel_kinds(events, *, cuda: bool, title: str, top: int = 25, wall_us
     print(f"  top {top} (ms, launches, kind):", file=sys.stderr)
     for name, (time_us, count) in sorted(by_name.items(), key=lambda item: -item[1][0])[:top]:
         print(f"  {time_us / 1e3:8.2f} {count:6d}  {kernel_kind(name):<18} {name[:110]}", file=sys.stderr)
+    if cuda:
+        print_gaps([(event.name, event.time_range.start, event.time_range.end) for event in kernels])
+
+
+def idle_gaps(kernels, at_least_us: float = 0.0) -> list[tuple[float, str, str]]:
+    """The stretches where no kernel ran, between the first kernel's start and the last one's
+    end: (us, the kernel before, the kernel after) of each of at least ``at_least_us``, from
+    ``kernels`` (name, start us, end us) in any order."""
+    gaps, busy_until, before = [], None, None
+    for name, start, end in sorted(kernels, key=lambda kernel: kernel[1]):
+        if busy_until is not None and start - busy_until >= max(at_least_us, 1e-9):
+            gaps.append((start - busy_until, before, name))
+        if busy_until is None or end >= busy_until:
+            busy_until, before = end, name
+    return gaps
+
+
+def print_gaps(kernels, *, at_least_us: float = 50.0, top: int = 8) -> None:
+    """The idle stretches of ``at_least_us`` or more: how many, their sum, the longest and the
+    kernels around them (where the host held the device up: a sync, a host-side loop)."""
+    gaps = idle_gaps(kernels)
+    long = [gap for gap in gaps if gap[0] >= at_least_us]
+    print(f"  idle between kernels: {sum(gap[0] for gap in gaps) / 1e3:.1f} ms in {len(gaps)} gaps; "
+          f"{sum(gap[0] for gap in long) / 1e3:.1f} ms of it in {len(long)} gaps of {at_least_us:.0f} us or more",
+          file=sys.stderr)
+    for us, before, after in sorted(long, reverse=True)[:top]:
+        print(f"  {us / 1e3:8.2f} ms after {before[:60]} before {after[:60]}", file=sys.stderr)
 
 
 def _by_quarter(timed) -> list[dict[str, float]]:

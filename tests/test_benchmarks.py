@@ -135,6 +135,14 @@ def test_profile_generate_profiles_the_last_steps_rollout_by_kind_and_quarter(ca
         assert abs(sum(parts) - kinds[kind]) <= 0.2 + 0.05, (kind, parts)
 
 
+def test_idle_gaps_are_the_stretches_no_kernel_covers():
+    bench = _load("bench_trainer")
+    kernels = [("c", 30.0, 35.0), ("a", 0.0, 10.0), ("b", 5.0, 20.0), ("d", 100.0, 101.0)]  # b overlaps a
+    assert bench.idle_gaps(kernels) == [(10.0, "b", "c"), (65.0, "c", "d")]
+    assert bench.idle_gaps(kernels, at_least_us=50) == [(65.0, "c", "d")]
+    assert bench.idle_gaps([("a", 0.0, 10.0), ("b", 10.0, 12.0)]) == []  # back to back: no gap
+
+
 def test_kernel_kinds_tell_gemms_attention_and_compiled_kernels_apart():
     bench = _load("bench_trainer")
     assert bench.kernel_kind("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT") == "gemm"
