@@ -333,6 +333,24 @@ def test_cuda_compiled_fused_chunks_match_the_in_place_passes():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_weight_gradient_sums_bfloat16_chunk_products_in_float32():
+    from trainer.logprobs import _add_product
+
+    g = torch.Generator(device="cuda").manual_seed(14)
+    a = torch.randn(512, 300, device="cuda", generator=g).bfloat16()
+    b = torch.randn(300, 96, device="cuda", generator=g).bfloat16()
+    total = torch.randn(512, 96, device="cuda", generator=g)
+    product = a.double() @ b.double()
+    expected = total.double() + product
+    _add_product(total, a, b)
+    assert total.dtype == torch.float32
+    # The product accumulates in fp32 and is added unrounded; rounded to bf16 first, its
+    # entries would be off by up to 2**-9 of their size.
+    assert (total.double() - expected).abs().max() <= 2**-14 * product.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_bfloat16_peak_memory_stays_per_chunk():
     rows, hidden_size, vocab, chunk_tokens = 4096, 256, 32768, 256
     g = torch.Generator(device="cuda").manual_seed(12)
