@@ -113,6 +113,31 @@ def eager_fused(monkeypatch):
     monkeypatch.setitem(logprobs_module._compiled, "dlogits", logprobs_module._fused_dlogits)
 
 
+@pytest.mark.slow
+def test_fused_kernels_compile_once_for_every_chunk_size(monkeypatch):
+    """The compiled chunk kernels take the rows as a runtime size from their first call: the
+    shorter last chunk of a micro-batch, and the next micro-batch's, compile nothing more."""
+    monkeypatch.setattr(logprobs_module, "_compiled", {})  # this test's own compiled kernels
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]
+    before = graphs["unique_graphs"]
+    try:
+        for rows in (200, 150, 97):  # chunks of 64: 64, 64, 64, 8; 64, 64, 22; 64, 33
+            hidden, weight, bias, targets = _inputs(rows, rows, 16, 40, dtype=torch.float32)
+            leaves = [t.requires_grad_() for t in (hidden, weight)]
+            compiled = linear_logprobs(hidden, weight, targets, with_entropy=True, chunk_tokens=64, fused=True)
+            direct = _direct(hidden, weight, targets)
+            for ours, theirs in zip(compiled, direct):
+                torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+            grads = torch.autograd.grad(compiled[0].sum() - compiled[1].sum(), leaves)
+            expected = torch.autograd.grad(direct[0].sum() - direct[1].sum(), leaves)
+            for ours, theirs in zip(grads, expected):
+                torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+        assert graphs["unique_graphs"] - before == 2  # the statistics and the d logits kernel, once each
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("use", USES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fused_chunks_equal_the_in_place_passes(eager_fused, use, with_bias):

@@ -137,15 +137,26 @@ _compiled = {}
 def _compiled_kernels():
     """The fused chunk functions under torch.compile (built on first use).
 
-    Automatic dynamic shapes (``dynamic=None``): the first chunk size compiles static kernels,
-    a second (a micro-batch's shorter last chunk) recompiles them with the rows symbolic, and
-    the vocabulary stays a constant inside each kernel. With every size symbolic
-    (``dynamic=True``) the same two passes over a (4096, 151936) bf16 chunk took 1.6 and 2.2
-    ms against 1.0 and 1.1 on an H100 (``benchmarks/bench_update_kernels.py``)."""
+    Compiled once, with the chunk's rows symbolic (the callers mark them, :func:`_rows_vary`)
+    and every other size a constant: the vocabulary is then a constant inside each kernel.
+    With every size symbolic (``dynamic=True``) the same two passes over a (4096, 151936) bf16
+    chunk took 1.6 and 2.2 ms against 1.0 and 1.1 on an H100
+    (``benchmarks/bench_update_kernels.py``). Left to torch.compile's automatic dynamic shapes,
+    the first compile is static and a later chunk size recompiles: on an H100 that came in the
+    second step, 1.6 s into it (``benchmarks/RESULTS.md``)."""
     if not _compiled:
-        _compiled["stats"] = torch.compile(_fused_stats, dynamic=None)
+        _compiled["stats"] = torch.compile(_fused_stats, dynamic=None)  # the marked rows only
         _compiled["dlogits"] = torch.compile(_fused_dlogits, dynamic=None)
     return _compiled["stats"], _compiled["dlogits"]
+
+
+def _rows_vary(*tensors):
+    """Mark the row dimension of each (not None) chunk tensor dynamic: one compiled kernel
+    serves every chunk size, from the first call on."""
+    for tensor in tensors:
+        if tensor is not None:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    return tensors
 
 
 def _add_product(total, a, b):
@@ -175,9 +186,11 @@ class _LinearLogprobs(torch.autograd.Function):
             end = min(start + chunk_tokens, rows)
             if fused:
                 stats, _ = _compiled_kernels()
-                chunk_lse, chunk_logprobs, chunk_entropy = stats(
-                    hidden[start:end].to(matmul_dtype) @ weight_matmul.T, bias, targets[start:end], temperature,
-                    with_entropy, stats_dtype)
+                logits, chunk_targets = _rows_vary(hidden[start:end].to(matmul_dtype) @ weight_matmul.T,
+                                                   targets[start:end])
+                chunk_lse, chunk_logprobs, chunk_entropy = stats(logits, bias, chunk_targets, temperature,
+                                                                 with_entropy, stats_dtype)
+                del logits
                 lse[start:end], logprobs[start:end] = chunk_lse, chunk_logprobs
                 if with_entropy:
                     entropy[start:end] = chunk_entropy
@@ -229,9 +242,12 @@ class _LinearLogprobs(torch.autograd.Function):
             chunk_entropy = None if entropy is None else entropy[chunk]
             if ctx.fused:
                 _, dlogits = _compiled_kernels()
-                d_logits, bias_part = dlogits(hidden_chunk @ weight_matmul.T, bias, targets[chunk], lse[chunk],
-                                              chunk_entropy, grad_logprobs[chunk], g_ent, ctx.temperature,
-                                              stats_dtype, want_bias)
+                logits, chunk_targets, chunk_lse, chunk_entropy, g_lp, g_ent = _rows_vary(
+                    hidden_chunk @ weight_matmul.T, targets[chunk], lse[chunk], chunk_entropy, grad_logprobs[chunk],
+                    g_ent)
+                d_logits, bias_part = dlogits(logits, bias, chunk_targets, chunk_lse, chunk_entropy, g_lp, g_ent,
+                                              ctx.temperature, stats_dtype, want_bias)
+                del logits
             else:
                 d_z = _chunk_dlogits(hidden_chunk, weight_matmul, bias, targets[chunk], lse[chunk], chunk_entropy,
                                      grad_logprobs[chunk], g_ent, ctx.temperature, stats_dtype)
