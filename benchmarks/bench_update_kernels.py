@@ -5,12 +5,13 @@ a quarter of its kernel time outside the GEMMs in two places:
 
 * ``logprob``: the lm_head log-prob's per-chunk statistics and d logits
   (:func:`trainer.logprobs._fused_stats`, :func:`trainer.logprobs._fused_dlogits`), each a
-  pass over a (C, V) bf16 chunk of logits. Timed compiled three ways: ``dynamic=True``
+  pass over a (C, V) bf16 chunk of logits. Timed compiled four ways: ``dynamic=True``
   (every size symbolic, the vocabulary too), ``dynamic=None`` (torch.compile's automatic
   dynamic shapes: the rows become symbolic once a second chunk size comes, the vocabulary
-  stays a constant) and ``dynamic=False``; each called with two chunk sizes first, as the
-  trainer's last chunk of a micro-batch is shorter. Printed: ms per chunk and the bytes the
-  kernel must move over that time.
+  stays a constant), ``rows marked`` (the trainer's: the rows marked dynamic at every call,
+  :func:`trainer.logprobs._rows_vary`, so the first compile is the one) and ``dynamic=False``;
+  each called with two chunk sizes first, as the trainer's last chunk of a micro-batch is
+  shorter. Printed: ms per chunk and the bytes the kernel must move over that time.
 * ``flex``: the shared-prompt attention (:mod:`trainer.shared_prompt`), forward and
   backward, over a micro-batch of groups ``[prompt | n responses]`` under its real
   ``BlockMask``, compiled with flex attention's default kernel options and with each
@@ -117,10 +118,12 @@ def logprob_part(args, vocab: int, device: str) -> None:
     print(f"lm_head log-prob chunk kernels: ({rows}, {vocab}) bf16 logits, {moved / 1e9:.2f} GB a pass")
     print(f"  {'compiled':<14} {'stats ms':>9} {'GB/s (1 read)':>14} {'dlogits ms':>11} {'GB/s (read+write)':>18}")
     reference = None
-    for label, dynamic in (("dynamic=True", True), ("dynamic=None", None), ("dynamic=False", False)):
+    modes = (("dynamic=True", True, False), ("dynamic=None", None, False), ("rows marked", None, True),
+             ("dynamic=False", False, False))
+    for label, dynamic, marked in modes:
         torch._dynamo.reset()
-        stats = torch.compile(lp._fused_stats, dynamic=dynamic)
-        dlogits = torch.compile(lp._fused_dlogits, dynamic=dynamic)
+        stats = _marking(torch.compile(lp._fused_stats, dynamic=dynamic), marked)
+        dlogits = _marking(torch.compile(lp._fused_dlogits, dynamic=dynamic), marked)
         for n in (rows, short):  # the trainer's two chunk sizes: a recompile where it would happen
             stats(logits[:n], None, targets[:n], 1.0, True, torch.float32)
             dlogits(logits[:n], None, targets[:n], lse[:n], entropy[:n], g_lp[:n], None, 1.0, torch.float32, False)
@@ -138,6 +141,20 @@ def logprob_part(args, vocab: int, device: str) -> None:
         print(f"  {label:<14} {stats_ms:>9.3f} {moved / stats_ms / 1e6:>14.0f} {dlogits_ms:>11.3f} "
               f"{2 * moved / dlogits_ms / 1e6:>18.0f}{note}")
     weight_grad_part(args, logits, vocab, device)
+
+
+def _marking(compiled, marked: bool):
+    """``compiled``, its tensor arguments' rows marked dynamic first when ``marked`` (as the
+    trainer calls its chunk kernels)."""
+    if not marked:
+        return compiled
+
+    def call(*args):
+        # Views: the mark stays on them, not on the tensors the other modes are then called with.
+        tensors = lp._rows_vary(*(a[:] if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in args))
+        return compiled(*(t if t is not None else a for t, a in zip(tensors, args)))
+
+    return call
 
 
 def weight_grad_part(args, d_logits, vocab: int, device: str) -> None:
