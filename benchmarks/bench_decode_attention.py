@@ -133,10 +133,10 @@ def fused_main(args, dtype) -> int:
         column = torch.zeros(1, dtype=torch.long, device="cuda")
         shared_end = torch.full((1,), args.prompt, dtype=torch.long, device="cuda")
         span = args.columns - args.prompt
+        per_column = 2 * kv * d * caches.element_size()  # bytes of K and V a row reads a column
         for at in args.at or [args.prompt + span * k // 8 for k in (1, 3, 5, 7)]:
             column.fill_(at)
-            # Bytes of K and V the step must read: the prompt's once a block, the rest once a row.
-            per_column = 2 * kv * d * caches.element_size()
+            # What the step must read: the prompt's columns once a block, the rest once a row.
             read = per_column * (batch // share * min(args.prompt, at) + batch * max(0, at + 1 - args.prompt))
             for config in args.configs:
                 split, warps = (int(part) for part in config.partition("-")[0].split("x"))

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from bench_trainer import idle_gaps  # noqa: E402
 
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.models import load_model_and_tokenizer  # noqa: E402
@@ -262,12 +263,9 @@ def busy_line(intervals: list[tuple[float, float]], steps: int) -> str:
     """The device's busy time against the span of ``intervals`` (overlaps counted once)."""
     if not intervals:
         return "busy: no device kernels seen"
-    busy, reach = 0.0, intervals[0][0]
-    for start, end in intervals:
-        busy += max(0.0, end - max(start, reach))
-        reach = max(reach, end)
-    span = reach - intervals[0][0]
-    gaps = span - busy
+    span = max(end for _, end in intervals) - intervals[0][0]
+    gaps = sum(gap for gap, _, _ in idle_gaps([("", start, end) for start, end in intervals]))
+    busy = span - gaps
     return (f"busy over {steps} back-to-back steps: span {span / steps:.1f} us a step, kernels {busy / steps:.1f} us "
             f"({100 * busy / span:.1f} %), gaps {gaps / steps:.1f} us, {len(intervals) / steps:.0f} kernels a step "
             f"({gaps / max(1, len(intervals) - 1):.2f} us between kernels on average)")

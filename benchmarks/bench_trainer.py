@@ -261,10 +261,11 @@ def print_kernel_kinds(events, *, cuda: bool, title: str, top: int = 25, wall_us
         timed = [(event.name, event.device_time_total, event.time_range.start) for event in kernels]
     else:
         timed = [(event.name, event.self_cpu_time_total, event.time_range.start) for event in events]
+    kinds_of = {name: kernel_kind(name) for name, _, _ in timed}  # once a name: a rollout launches 100k+
     total = sum(time_us for _, time_us, _ in timed) or 1.0
     by_kind, by_name = {}, {}
     for name, time_us, _ in timed:
-        kind = kernel_kind(name)
+        kind = kinds_of[name]
         by_kind[kind] = by_kind.get(kind, 0.0) + time_us
         name_us, count = by_name.get(name, (0.0, 0))
         by_name[name] = (name_us + time_us, count + 1)
@@ -274,14 +275,14 @@ def print_kernel_kinds(events, *, cuda: bool, title: str, top: int = 25, wall_us
     kinds = sorted(by_kind, key=lambda kind: -by_kind[kind])
     for kind in kinds:
         print(f"  {kind:<18} {by_kind[kind] / 1e3:8.1f} ms  {by_kind[kind] / total:6.1%}", file=sys.stderr)
-    quarters = _by_quarter(timed)
+    quarters = _by_quarter([(kinds_of[name], time_us, start) for name, time_us, start in timed])
     print("  by quarter (ms):   " + " ".join(f"{f'Q{q + 1}':>7}" for q in range(4)), file=sys.stderr)
     for kind in kinds:
         print(f"  {kind:<18} " + " ".join(f"{quarters[q].get(kind, 0.0) / 1e3:7.1f}" for q in range(4)),
               file=sys.stderr)
     print(f"  top {top} (ms, launches, kind):", file=sys.stderr)
     for name, (time_us, count) in sorted(by_name.items(), key=lambda item: -item[1][0])[:top]:
-        print(f"  {time_us / 1e3:8.2f} {count:6d}  {kernel_kind(name):<18} {name[:110]}", file=sys.stderr)
+        print(f"  {time_us / 1e3:8.2f} {count:6d}  {kinds_of[name]:<18} {name[:110]}", file=sys.stderr)
     if cuda:
         print_gaps([(event.name, event.time_range.start, event.time_range.end) for event in kernels])
 
@@ -312,15 +313,14 @@ def print_gaps(kernels, *, at_least_us: float = 50.0, top: int = 8) -> None:
 
 
 def _by_quarter(timed) -> list[dict[str, float]]:
-    """Each kind's time in each quarter of the span of start times of ``timed`` (name, us, start)."""
+    """Each kind's time in each quarter of the span of start times of ``timed`` (kind, us, start)."""
     quarters = [{} for _ in range(4)]
     if not timed:
         return quarters
     first = min(start for _, _, start in timed)
     span = (max(start for _, _, start in timed) - first) or 1.0
-    for name, time_us, start in timed:
+    for kind, time_us, start in timed:
         part = quarters[min(3, int(4 * (start - first) / span))]
-        kind = kernel_kind(name)
         part[kind] = part.get(kind, 0.0) + time_us
     return quarters
 
