@@ -27,6 +27,7 @@ from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import split_kv
 from trainer.rollout.attention import choose
 from trainer.rollout.split_kv import SPLIT, split_kv_decode, split_kv_reference
+from trainer.rollout import fused_attention
 from trainer.rollout.fused_attention import fused_decode_attention, shared_rows
 from trainer.rollout.fused_sampling import softmax_sample
 from trainer.rollout.static import PLAIN, StaticEngine
@@ -171,6 +172,26 @@ def test_fused_attention_equals_rope_the_cache_write_and_masked_sdpa(device, dty
         assert torch.equal(cache[:, :, :, ~written], inputs["cache"][:, :, :, ~written])
         torch.testing.assert_close(cache[:, :, :, column].float(), expected_cache[:, :, :, column].float(),
                                    **tolerance)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [d for d, tile in sorted(fused_attention.TILES.items())
+                                      if tile != (SPLIT, split_kv.NUM_WARPS)])
+def test_the_fused_attention_at_each_head_dimensions_tile_equals_the_unfused_step(device, head_dim):
+    """The engine runs the op with the tile :func:`fused_attention.tile_for` names for its head
+    dimension (fewer columns a program at d 128): the result is the unfused step's there too
+    (the default tile's is the other tests')."""
+    split, num_warps = fused_attention.tile_for(head_dim)
+    inputs = fused_inputs(device, torch.float32, norm=True, group=6, d=head_dim)
+    for first, column in SPANS:
+        expected, expected_cache = unfused(inputs, first, column)
+        cache = inputs["cache"].clone()
+        ours = fused_decode_attention(inputs["qkv"], inputs["cos"], inputs["sin"], cache,
+                                      torch.tensor(first, device=device), torch.tensor([column], device=device),
+                                      inputs["q_norm"], inputs["k_norm"], 1e-6, inputs["q_heads"], split=split,
+                                      num_warps=num_warps)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"{first, column}: {m}")
+        torch.testing.assert_close(cache, expected_cache, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -462,17 +483,26 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     build(split_kv._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
                                         column_ptr="*i64", splits="i32"),
           dict(SPLIT=split_kv.SPLIT, D=64, SPLITS_TILE=8), 1)
+    def fused_signature(dtype):
+        return dict(qkv_ptr=dtype, qkv_sb="i32", cos_ptr=dtype, sin_ptr=dtype, cs_sb="i32", q_norm_ptr=dtype,
+                    k_norm_ptr=dtype, eps="fp32", cache_ptr=dtype, c_skv="i32", c_sb="i32", c_sh="i32", c_sc="i32",
+                    first_ptr="*i64", column_ptr="*i64", shared_ptr="*i64", partial_ptr="*fp32", lse_ptr="*fp32",
+                    scale="fp32", columns="i32")
+
     for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
         for norm in (False, True):
             for share, shared_tile in ((1, 16), (4, 32), (8, 64)):
-                build(fused_attention._fused_kernel,
-                      dict(qkv_ptr=dtype, qkv_sb="i32", cos_ptr=dtype, sin_ptr=dtype, cs_sb="i32",
-                           q_norm_ptr=dtype, k_norm_ptr=dtype, eps="fp32", cache_ptr=dtype, c_skv="i32",
-                           c_sb="i32", c_sh="i32", c_sc="i32", first_ptr="*i64", column_ptr="*i64",
-                           shared_ptr="*i64", partial_ptr="*fp32", lse_ptr="*fp32", scale="fp32", columns="i32"),
+                build(fused_attention._fused_kernel, fused_signature(dtype),
                       dict(UPCAST=upcast, PRECISION=precision, Q_HEADS=14, KV_HEADS=2, GROUP=7, GROUP_TILE=16,
                            D=64, SPLIT=split_kv.SPLIT, HAS_NORM=norm, SHARE=share, SHARED_TILE=shared_tile),
                       split_kv.NUM_WARPS)
+    for d, (split, num_warps) in fused_attention.TILES.items():  # the tile the engine takes at each head dim
+        build(fused_attention._fused_kernel, fused_signature("*bf16"),
+              dict(UPCAST=False, PRECISION="tf32", Q_HEADS=12, KV_HEADS=2, GROUP=6, GROUP_TILE=16, D=d, SPLIT=split,
+                   HAS_NORM=False, SHARE=4, SHARED_TILE=32), num_warps)
+        build(split_kv._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
+                                            column_ptr="*i64", splits="i32"),
+              dict(SPLIT=split, D=d, SPLITS_TILE=16), 1)
     tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
     build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
                                             rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)

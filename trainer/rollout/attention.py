@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer import names
-from trainer.rollout import fused_attention  # noqa: F401 (registers torch.ops.trainer.fused_decode_attention)
+from trainer.rollout import fused_attention  # (importing it registers torch.ops.trainer.fused_decode_attention)
 # Registers torch.ops.trainer.split_kv_decode (benchmarks/bench_decode_attention.py imports the op from here).
 from trainer.rollout.split_kv import split_kv_decode, triton, triton_runs_on  # noqa: F401
 
@@ -110,15 +110,17 @@ class FusedDecode:
 
     @staticmethod
     def prepare(engine, b: int):
-        return engine.first_column[:b], engine.column, engine.shared_end, engine.share
+        return engine.first_column[:b], engine.column, engine.shared_end, engine.share, \
+            fused_attention.tile_for(engine.head_dim)
 
     @staticmethod
     def decode(engine, layer, qkv, cache, cos, sin, context):
-        first_column, column, shared_end, share = context
+        first_column, column, shared_end, share, (split, num_warps) = context
         b = qkv.shape[0]
         attended = torch.ops.trainer.fused_decode_attention(
             qkv, cos.reshape(b, -1), sin.reshape(b, -1), cache, first_column, column,
-            layer.q_norm, layer.k_norm, engine.eps, engine.q_heads, shared_end=shared_end, share=share)
+            layer.q_norm, layer.k_norm, engine.eps, engine.q_heads, split=split, num_warps=num_warps,
+            shared_end=shared_end, share=share)
         return attended.reshape(b, -1)
 
 

@@ -43,6 +43,15 @@ if triton is not None:
 
 
 MAX_SHARED_TILE = 64  # query heads in one shared program's tile (share x group, rounded up to a power of two)
+#: (columns a program reads, warps) by head dimension: what ``benchmarks/bench_decode_attention.py
+#: --fused 4`` timed fastest on an H100 (``benchmarks/RESULTS.md``). At d 64 (the 0.5B shape) the
+#: default 128 x 4 was fastest or within 0.1 %; at d 128 (the 1.5B shape) 64 x 4 took 3-9 % less.
+TILES = {64: (SPLIT, NUM_WARPS), 128: (64, 4)}
+
+
+def tile_for(head_dim: int) -> tuple[int, int]:
+    """(split, num_warps) for the fused op at this head dimension (the default where none was timed)."""
+    return TILES.get(head_dim, (SPLIT, NUM_WARPS))
 
 
 def shared_rows(owner: list[int], group: int) -> int:
