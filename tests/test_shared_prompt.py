@@ -262,3 +262,35 @@ def test_a_run_with_the_prompt_shared_learns_as_one_without(tmp_path):
     for shared, alone in zip(logged[True], logged[False]):
         for key in ("reward/mean", "policy/loss", "policy/entropy", "policy/grad_norm"):
             assert shared[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [False, True], ids=["per-row", "shared"])
+def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu(share):
+    """Once a batch's row lengths are read (one sync a step), cutting a micro-batch, its
+    layout, forward and backward never synchronise with the device: torch's sync debug mode
+    raises on the first that would (each stalled the GPU queue for the host's launch time)."""
+    from trainer.forward import compile_body, response_logprobs
+    from trainer.models import load_model_and_tokenizer
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cfg = TrainerConfig(model="tiny-random", dataset="gsm8k")
+    model, tokenizer = load_model_and_tokenizer(cfg, device="cuda", dtype=torch.float32)
+    compile_body(model)
+    model.share_prompts, model.fused_logprobs = share, True
+    batch = random_groups(tokenizer, prompt_lengths=(150, 40, 77, 9), n=4,
+                          response_lengths=[30 + 17 * i for i in range(16)], device="cuda")
+    batch.row_lengths()
+    for mode in ("default", "error"):  # the first pass compiles, which may sync
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            ordered = batch.rows([4, 5, 6, 7, 12, 13, 14, 15, 0, 1, 2, 3, 8, 9, 10, 11])
+            micro = ordered.rows(slice(0, 8))
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logprobs, entropy = response_logprobs(model, micro, 1.0, with_entropy=True)
+            ((logprobs + 0.01 * entropy) * micro.response_mask).sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    rows = [4, 5, 6, 7, 12, 13, 14, 15]
+    assert torch.equal(micro.response_ids, batch.response_ids[rows, : micro.response_ids.shape[1]])

@@ -17,6 +17,48 @@ import torch
 from trainer.rollout import Generation
 
 
+@attrs.frozen
+class RowLengths:
+    """What the host knows of a batch's rows, read from the device at once: each row's prompt
+    tokens, one past its last sampled token (``ends``), its sampled tokens, and a key equal for
+    rows that sample one prompt (the ``prompt_index``, else a count of runs of equal prompts).
+
+    The update's forward needs these to size its tensors; reading each from the device where
+    it is used stalled the GPU queue several times a micro-batch (a sync each). A batch reads
+    them once (:meth:`Batch.row_lengths`) and its :meth:`Batch.rows` subsets hand theirs on."""
+
+    prompt: tuple[int, ...]
+    ends: tuple[int, ...]
+    sampled: tuple[int, ...]
+    key: tuple[int, ...]
+
+    @classmethod
+    def read(cls, batch: "Batch") -> "RowLengths":
+        """One device sync for all four."""
+        if batch.prompt_index is not None:
+            key = batch.prompt_index
+        else:
+            same = ((batch.prompt_ids[1:] == batch.prompt_ids[:-1])
+                    & (batch.prompt_mask[1:] == batch.prompt_mask[:-1])).all(dim=1)
+            key = torch.cat([same.new_zeros(1, dtype=torch.long), (~same).long().cumsum(0)])
+        values = torch.stack([batch.prompt_mask.sum(dim=1), batch.response_ends(),
+                              batch.response_mask.sum(dim=1).long(), key.long()]).tolist()
+        return cls(*(tuple(v) for v in values))
+
+    def take(self, rows: Sequence[int]) -> "RowLengths":
+        return RowLengths(*(tuple(values[r] for r in rows) for values in attrs.astuple(self, recurse=False)))
+
+    def groups(self) -> list[int]:
+        """Sizes of the runs of adjacent rows with one key, in row order."""
+        sizes: list[int] = []
+        for row, key in enumerate(self.key):
+            if row and key == self.key[row - 1]:
+                sizes[-1] += 1
+            else:
+                sizes.append(1)
+        return sizes
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class Batch:
     """Rows are group-contiguous (prompt i owns rows [i*n, (i+1)*n)).
@@ -38,6 +80,9 @@ class Batch:
     old_logprobs: Optional[torch.Tensor] = None  # (B, R) pi_old; None: the update is exactly on-policy
     ref_logprobs: Optional[torch.Tensor] = None  # (B, R) the frozen reference
     rollout_logprobs: Optional[torch.Tensor] = None  # (B, R) mu for TIS
+    # Read once and kept (row_lengths); attrs.evolve builds a batch without them, so a stage
+    # that changes a mask never leaves lengths behind that no longer hold.
+    _lengths: Optional[RowLengths] = attrs.field(default=None, init=False, repr=False)
 
     @classmethod
     def from_generation(cls, prompts: list[list[int]], generation: Generation, *, n: int, pad_id: int,
@@ -60,14 +105,24 @@ class Batch:
         columns = torch.arange(1, self.response_ids.shape[1] + 1, device=self.response_ids.device)
         return (self.response_mask.bool() * columns).amax(dim=1)
 
+    def row_lengths(self) -> RowLengths:
+        """The rows' :class:`RowLengths`, read from the device the first time (one sync)."""
+        if self._lengths is None:
+            object.__setattr__(self, "_lengths", RowLengths.read(self))
+        return self._lengths
+
     def rows(self, index: Union[slice, Sequence[int], torch.Tensor]) -> "Batch":
-        """A subset of rows, trimmed to its own longest prompt and response."""
-        if not isinstance(index, slice):
-            index = torch.as_tensor(index, dtype=torch.long, device=self.response_ids.device)
-        prompt_mask = self.prompt_mask[index]
-        response_mask = self.response_mask[index]
-        prompt_from = int((prompt_mask.sum(dim=0) == 0).sum().item())  # all-padding left columns
-        response_to = max(1, int(response_mask.sum(dim=1).max().item()))
+        """A subset of rows, trimmed to its own longest prompt and response; it knows its
+        rows' lengths from this batch's, so cutting it needs no sync but the first read."""
+        lengths = self.row_lengths()
+        if isinstance(index, slice):
+            chosen = range(self.size)[index]
+        else:
+            chosen = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+            index = host_to_device(torch.tensor(chosen, dtype=torch.long), self.response_ids.device)
+        lengths = lengths.take(chosen)
+        prompt_from = self.prompt_ids.shape[1] - max(lengths.prompt, default=0)  # all-padding left columns
+        response_to = max([1, *lengths.ends])
 
         def cut(t):
             if t is None:
@@ -76,9 +131,26 @@ class Batch:
             return t[:, :response_to] if t.dim() == 2 else t
 
         fields = {f.name: cut(getattr(self, f.name)) for f in attrs.fields(Batch)
-                  if f.name not in ("prompt_ids", "prompt_mask")}
-        return Batch(prompt_ids=self.prompt_ids[index][:, prompt_from:], prompt_mask=prompt_mask[:, prompt_from:],
-                     **fields)
+                  if f.init and f.name not in ("prompt_ids", "prompt_mask")}
+        subset = Batch(prompt_ids=self.prompt_ids[index][:, prompt_from:],
+                       prompt_mask=self.prompt_mask[index][:, prompt_from:], **fields)
+        object.__setattr__(subset, "_lengths", lengths)
+        return subset
+
+    def kept_positions(self) -> torch.Tensor:
+        """(N,) the flat indices (into B x R) of the sampled tokens, row-major, without a sync:
+        N, their count, is known from :meth:`row_lengths`."""
+        count = sum(self.row_lengths().sampled)
+        return torch.nonzero_static(self.response_mask.reshape(-1), size=count)[:, 0]
+
+
+def host_to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor copied to ``device`` without waiting for the device's queue (a copy from
+    pageable memory to a GPU synchronises the stream; one from pinned memory need not)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

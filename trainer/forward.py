@@ -44,13 +44,15 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         logits = response_logits(model, batch, temperature)
         return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
     body, head = parts
-    keep = batch.response_mask.bool()  # (b, R)
     predicting = response_hidden(body, batch, width_multiple=getattr(model, "width_multiple", 1),
                                  share_prompts=getattr(model, "share_prompts", False))  # (N, H)
-    logprobs, entropy = linear_logprobs(predicting, head.weight, batch.response_ids[keep], temperature=temperature,
+    kept = batch.kept_positions()  # (N,) flat indices of the sampled tokens
+    targets = batch.response_ids.reshape(-1)[kept]  # as response_ids[mask] would, without a sync
+    logprobs, entropy = linear_logprobs(predicting, head.weight, targets, temperature=temperature,
                                         with_entropy=with_entropy, matmul_dtype=autocast_dtype(predicting),
                                         fused=getattr(model, "fused_logprobs", False))  # (N,)
-    return _scatter(logprobs, keep), _scatter(entropy, keep) if with_entropy else None
+    shape = batch.response_mask.shape
+    return _scatter(logprobs, kept, shape), _scatter(entropy, kept, shape) if with_entropy else None
 
 
 #: The update's row widths are padded to a multiple of this when the body is compiled.
@@ -123,10 +125,11 @@ def response_hidden(body, batch: Batch, *, width_multiple: int = 1, share_prompt
         # symbolic; one graph per padded width serves every micro-batch of that width.
         torch._dynamo.maybe_mark_dynamic(input_ids, 0)
     hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
-    keep = batch.response_mask.bool()  # (b, R)
-    rows = torch.arange(batch.size, device=keep.device)[:, None].expand_as(keep)
-    columns = starts[:, None] - 1 + torch.arange(keep.shape[1], device=keep.device)  # predicts token j
-    return hidden[rows[keep], columns[keep]]
+    kept = batch.kept_positions()  # (N,) flat (row, response column) of each sampled token
+    width, response_width = hidden.shape[1], batch.response_ids.shape[1]
+    rows, columns = kept // response_width, kept % response_width
+    predictors = rows * width + starts[rows] - 1 + columns  # column j of a row is predicted at starts - 1 + j
+    return hidden.reshape(-1, hidden.shape[-1])[predictors]
 
 
 def autocast_dtype(tensor: torch.Tensor):
@@ -147,17 +150,18 @@ def left_aligned(batch: Batch, *, width_multiple: int = 1) -> tuple[torch.Tensor
     """
     prompt_width = batch.prompt_ids.shape[1]
     prompt_lengths = batch.prompt_mask.sum(dim=1)  # (b,)
-    width = max(1, int((prompt_lengths + batch.response_ends()).max()))
+    lengths = batch.row_lengths()
+    width = max([1, *(prompt + end for prompt, end in zip(lengths.prompt, lengths.ends))])
     width = -(-width // width_multiple) * width_multiple
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (b, P+R), prompts left-padded
     source = torch.arange(width, device=ids.device) + (prompt_width - prompt_lengths)[:, None]
     return ids.gather(1, source.clamp(max=ids.shape[1] - 1)), prompt_lengths
 
 
-def _scatter(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """(N,) values of the kept positions -> (B, R), 0 elsewhere (differentiable)."""
-    out = values.new_zeros(keep.shape)
-    return out.masked_scatter(keep, values)
+def _scatter(values: torch.Tensor, kept: torch.Tensor, shape) -> torch.Tensor:
+    """(N,) values at the flat positions ``kept`` -> ``shape`` (B, R), 0 elsewhere
+    (differentiable; by index, where masked_scatter's backward would sync on the mask)."""
+    return values.new_zeros(shape.numel()).index_copy(0, kept, values).view(shape)
 
 
 def response_logits(model, batch: Batch, temperature: float) -> torch.Tensor:

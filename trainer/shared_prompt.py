@@ -39,7 +39,7 @@ import itertools
 
 import torch
 
-from trainer.batch import Batch
+from trainer.batch import Batch, host_to_device
 from trainer.models import full_attention_only
 
 #: The name the attention function is registered under in transformers' attention registry.
@@ -52,21 +52,11 @@ SUMMARY_ROWS = 2048
 
 def prompt_groups(batch: Batch) -> list[int]:
     """Sizes of the runs of adjacent rows that sample the same prompt (the same
-    ``prompt_index``, else the same prompt tokens), in row order (one device sync)."""
+    ``prompt_index``, else the same prompt tokens), in row order (from the batch's
+    :meth:`~trainer.batch.Batch.row_lengths`: no sync once they are read)."""
     if batch.size < 2:
         return [batch.size]
-    if batch.prompt_index is not None:
-        same = (batch.prompt_index[1:] == batch.prompt_index[:-1]).tolist()
-    else:
-        same = ((batch.prompt_ids[1:] == batch.prompt_ids[:-1]) & (batch.prompt_mask[1:] == batch.prompt_mask[:-1])
-                ).all(dim=1).tolist()
-    sizes = [1]
-    for joins in same:
-        if joins:
-            sizes[-1] += 1
-        else:
-            sizes.append(1)
-    return sizes
+    return batch.row_lengths().groups()
 
 
 def group_rows(sizes: list[int]) -> list[range]:
@@ -91,7 +81,8 @@ class Layout:
         device = batch.response_ids.device
         prompt_width = batch.prompt_ids.shape[1]
         response_width = batch.response_ids.shape[1]
-        prompt_lengths, ends = torch.stack([batch.prompt_mask.sum(dim=1), batch.response_ends()]).tolist()
+        lengths = batch.row_lengths()
+        prompt_lengths, ends = lengths.prompt, lengths.ends
         if min(prompt_lengths) < 1:
             raise ValueError("a row has an empty prompt: nothing predicts its first response token")
         rows = group_rows(sizes)
@@ -119,13 +110,13 @@ class Layout:
                 column += end
         flat = torch.cat([batch.prompt_ids, batch.response_ids], dim=1).reshape(-1)
         self.width = width
-        self.ids = flat[source.to(device)]
-        self.positions = positions.to(device)
-        self.segments = segments.to(device)
-        first, start = first.to(device), start.to(device)
+        # Built on the host, copied without waiting for the device's queue.
+        source, self.positions, self.segments, first, start = (
+            host_to_device(t, device) for t in (source, positions, segments, first, start))
+        self.ids = flat[source]
         predictors = start[:, None] - 1 + torch.arange(response_width, device=device)  # token j <- column j - 1
         predictors[:, 0] = first
-        self.predictors = predictors[batch.response_mask.bool()]
+        self.predictors = predictors.reshape(-1)[batch.kept_positions()]
 
     def dense_mask(self) -> torch.Tensor:
         """(G, 1, L, L) True where a query (row) may attend to a key (column)."""

@@ -7,7 +7,10 @@ micro-batches (the loss is a sum over rows, so order does not change it), which
 keeps the padding each micro-batch computes on small; how many rows each takes is the
 run's :class:`trainer.packing.Packing` (a fixed count, or as many as its token budget
 holds at its longest row's width). With the prompt shared (``share_prompts``), what is
-sorted and cut is groups, each laid out as one row (:func:`micro_units`).
+sorted and cut is groups, each laid out as one row (:func:`micro_units`). All of this is
+decided on the host from the rows' lengths, read from the device once a step
+(:class:`trainer.batch.RowLengths`): a micro-batch's cut, layout, forward and backward
+never wait for the GPU (``tests/test_shared_prompt.py`` checks it under torch's sync debug mode).
 
 When the step is exactly on-policy (one mini-batch: the update sees the weights
 that sampled) ``batch.old_logprobs`` is None and pi_old is the update forward's
@@ -47,13 +50,12 @@ def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int) -> tup
     their padded widths. A unit is a row, or with ``share_prompts`` a run of rows that repeat a
     prompt, which the forward lays out as one row of prompt and responses
     (:mod:`trainer.shared_prompt`)."""
-    prompt_lengths, response_lengths = torch.stack(
-        [mini.prompt_mask.sum(dim=1), mini.response_mask.sum(dim=1).long()]).tolist()
+    lengths = mini.row_lengths()
     sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
     if max(sizes) > 1:
         width_multiple = max(width_multiple, shared_prompt.BLOCK)
     units = [list(rows) for rows in shared_prompt.group_rows(sizes)]
-    lengths = [prompt_lengths[unit[0]] + sum(response_lengths[row] for row in unit) for unit in units]
+    lengths = [lengths.prompt[unit[0]] + sum(lengths.ends[row] for row in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
     widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
     return [units[u] for u in order], widths
@@ -86,16 +88,22 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
     mini_batches = skipped = 0
     lr = optimizer.param_groups[0]["lr"]
     for mini_start in range(0, batch.size, mini_size):
+        # The rows' lengths are read from the device once a step (batch.rows hands them on): the
+        # micro-batches below are cut and laid out on the host without waiting for the GPU.
         mini = batch.rows(slice(mini_start, mini_start + mini_size))
         # This rank's share of the mini-batch's totals (on one rank: the totals).
-        tokens = group.sum_floats([float(mini.response_mask.sum())])[0] / group.world
+        tokens = group.sum_floats([float(sum(mini.row_lengths().sampled))])[0] / group.world
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
         units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple)
         grouped = any(len(unit) > 1 for unit in units)
-        mini_loss, micro_start = 0.0, 0
+        # In the units' order (one index copy), each micro-batch is a slice.
+        ordered = mini.rows([row for unit in units for row in unit])
+        mini_loss, micro_start, row_start = 0.0, 0, 0
         for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None):
-            micro = mini.rows([row for unit in units[micro_start : micro_start + micro_size] for row in unit])
+            micro_rows = sum(len(unit) for unit in units[micro_start : micro_start + micro_size])
+            micro = ordered.rows(slice(row_start, row_start + micro_rows))
             micro_start += micro_size
+            row_start += micro_rows
             mask = micro.response_mask  # (b, R)
             with autocast():
                 logprobs, entropy = forward(micro, cfg.temperature, with_entropy=True)  # (b, R)
