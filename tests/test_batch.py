@@ -47,6 +47,13 @@ def test_a_subset_is_trimmed_and_knows_its_lengths_as_if_read(index):
     assert torch.equal(subset.prompt_index, batch.prompt_index[rows])
 
 
+def test_an_empty_subset_has_no_lengths_and_no_columns():
+    for keys in ({}, {"prompt_index": False}):
+        empty = three_prompts(**keys).rows([])
+        assert empty.size == 0 and empty.row_lengths() == RowLengths((), (), (), ())
+        assert attrs.evolve(empty).row_lengths() == RowLengths((), (), (), ())
+
+
 def test_a_changed_mask_is_never_described_by_the_old_lengths():
     batch = three_prompts()
     batch.row_lengths()

@@ -40,7 +40,7 @@ class RowLengths:
         else:
             same = ((batch.prompt_ids[1:] == batch.prompt_ids[:-1])
                     & (batch.prompt_mask[1:] == batch.prompt_mask[:-1])).all(dim=1)
-            key = torch.cat([same.new_zeros(1, dtype=torch.long), (~same).long().cumsum(0)])
+            key = torch.cat([same.new_zeros(1, dtype=torch.long), (~same).long().cumsum(0)])[: batch.size]
         values = torch.stack([batch.prompt_mask.sum(dim=1), batch.response_ends(),
                               batch.response_mask.sum(dim=1).long(), key.long()]).tolist()
         return cls(*(tuple(v) for v in values))
