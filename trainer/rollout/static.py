@@ -337,18 +337,10 @@ class StaticEngine(RolloutEngine):
             # so the torch sampler's noise stays what the seed gave it before.
             self.sample_seed.fill_(int(torch.randint(0, 2**62, (1,))))
 
-        steps, look = 1, None
+        steps = 1
         while steps < params.max_new_tokens:
-            if steps % CHECK_EVERY == 0:
-                # On CUDA a look at the done flags is read at the next look, CHECK_EVERY steps on:
-                # the host then waits only for a step the GPU passed long ago and never drains
-                # its queue (reading at once cost a graph launch's idle time each, 32 a rollout).
-                # Rows done at the look's step stay done, so the rollout ends at that step either way.
-                look, previous = _DoneLook(self.done[:rows], steps), look
-                ended = previous if look.lags else look
-                if ended is not None and ended.all_done():
-                    steps = ended.step
-                    break
+            if steps % CHECK_EVERY == 0 and bool(self.done[:rows].all()):
+                break
             if self.cuda_graphs:
                 self.graphs[bucket, mode, self.share].replay()
             else:
@@ -494,28 +486,6 @@ class StaticEngine(RolloutEngine):
 
     def sleep(self) -> None:
         """The cache stays allocated: captured graphs hold its address (it was sized for that)."""
-
-
-class _DoneLook:
-    """Whether every row was done at a decode step, on its way to the host: on CUDA copied
-    into pinned memory behind the queued work (``lags``: read it a look later), elsewhere at once."""
-
-    def __init__(self, done: torch.Tensor, step: int):
-        self.step = step
-        flag = done.all()
-        self.lags = flag.is_cuda
-        if self.lags:
-            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            self.flag.copy_(flag, non_blocking=True)
-            self.copied = torch.cuda.Event()
-            self.copied.record()
-        else:
-            self.flag = flag
-
-    def all_done(self) -> bool:
-        if self.lags:
-            self.copied.synchronize()
-        return bool(self.flag)
 
 
 def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, context):
