@@ -265,11 +265,12 @@ def test_a_run_with_the_prompt_shared_learns_as_one_without(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("share", [False, True], ids=["per-row", "shared"])
-def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu(share):
-    """Once a batch's row lengths are read (one sync a step), cutting a micro-batch, its
+def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu():
+    """Once a batch's row lengths are read (one sync a step), cutting a micro-batch, its shared
     layout, forward and backward never synchronise with the device: torch's sync debug mode
-    raises on the first that would (each stalled the GPU queue for the host's launch time)."""
+    raises on the first that would (each stalled the GPU queue for the host's launch time).
+    The per-row forward (``share_prompts=false``) keeps one: transformers' mask preprocessing
+    reads the position ids it builds for a body called without a mask (a packed-sequence check)."""
     from trainer.forward import compile_body, response_logprobs
     from trainer.models import load_model_and_tokenizer
 
@@ -278,7 +279,7 @@ def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu
     cfg = TrainerConfig(model="tiny-random", dataset="gsm8k")
     model, tokenizer = load_model_and_tokenizer(cfg, device="cuda", dtype=torch.float32)
     compile_body(model)
-    model.share_prompts, model.fused_logprobs = share, True
+    model.share_prompts, model.fused_logprobs = True, True
     batch = random_groups(tokenizer, prompt_lengths=(150, 40, 77, 9), n=4,
                           response_lengths=[30 + 17 * i for i in range(16)], device="cuda")
     batch.row_lengths()
