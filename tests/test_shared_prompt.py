@@ -111,6 +111,52 @@ def test_shared_log_probs_are_each_rows_own():
     assert (alone != 0).sum() == batch.response_mask.sum()
 
 
+def test_the_per_row_forward_leaves_transformers_no_mask_to_prepare_and_gives_its_result(monkeypatch):
+    """Under SDPA the per-row forward runs its causal kernel with no mask either way; called
+    without a mask transformers first checks the position ids it makes up for packed sequences
+    (an ``if`` on a device tensor: a sync each forward on a GPU). The forward skips that and
+    computes exactly what transformers' own path computes, gradients too."""
+    import contextlib
+
+    import transformers.masking_utils
+
+    from trainer import forward
+
+    torch.set_num_threads(1)
+    checks = []
+    real_check = transformers.masking_utils.find_packed_sequence_indices
+    monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices",
+                        lambda positions: checks.append(positions.shape) or real_check(positions))
+    model, tokenizer = small_model(torch.float64)
+    batch = random_groups(tokenizer, prompt_lengths=(9, 3, 5), response_lengths=(3, 6, 1, 4, 7, 2), n=2)
+    results = []
+    for transformers_path in (False, True):
+        if transformers_path:
+            monkeypatch.setattr(forward, "causal_without_mask", lambda config: contextlib.nullcontext())
+        model.zero_grad()
+        logprobs, entropy = forward.response_logprobs(model, batch, 0.7, with_entropy=True)
+        (logprobs.sum() + entropy.sum()).backward()
+        results.append((logprobs.detach(), [p.grad.clone() for p in model.parameters()], len(checks)))
+    (ours, our_grads, our_checks), (theirs, their_grads, their_checks) = results
+    assert our_checks == 0 and their_checks == 1  # transformers' path checks once, ours never
+    assert torch.equal(ours, theirs)
+    assert all(torch.equal(a, b) for a, b in zip(our_grads, their_grads))
+    assert model.config._attn_implementation == "sdpa"  # set back after the forward
+
+
+def test_bodies_that_need_their_mask_keep_transformers_path():
+    from trainer.forward import causal_without_mask
+
+    model, _ = small_model(torch.float32)
+    model.config._attn_implementation = "eager"  # eager attention needs the causal mask built
+    with causal_without_mask(model.config):
+        assert model.config._attn_implementation == "eager"
+    model.config._attn_implementation = "sdpa"
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
+    with causal_without_mask(model.config):
+        assert model.config._attn_implementation == "sdpa"
+
+
 def test_the_forward_runs_one_row_a_group_under_the_mask(monkeypatch):
     from trainer.forward import response_logprobs
 
@@ -265,12 +311,12 @@ def test_a_run_with_the_prompt_shared_learns_as_one_without(tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu():
-    """Once a batch's row lengths are read (one sync a step), cutting a micro-batch, its shared
+@pytest.mark.parametrize("share", [False, True], ids=["per-row", "shared"])
+def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu(share):
+    """Once a batch's row lengths are read (one sync a step), cutting a micro-batch, its
     layout, forward and backward never synchronise with the device: torch's sync debug mode
     raises on the first that would (each stalled the GPU queue for the host's launch time).
-    The per-row forward (``share_prompts=false``) keeps one: transformers' mask preprocessing
-    reads the position ids it builds for a body called without a mask (a packed-sequence check)."""
+    The per-row forward relies on :func:`trainer.forward.causal_without_mask` for it."""
     from trainer.forward import compile_body, response_logprobs
     from trainer.models import load_model_and_tokenizer
 
@@ -279,7 +325,7 @@ def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu
     cfg = TrainerConfig(model="tiny-random", dataset="gsm8k")
     model, tokenizer = load_model_and_tokenizer(cfg, device="cuda", dtype=torch.float32)
     compile_body(model)
-    model.share_prompts, model.fused_logprobs = True, True
+    model.share_prompts, model.fused_logprobs = share, True
     batch = random_groups(tokenizer, prompt_lengths=(150, 40, 77, 9), n=4,
                           response_lengths=[30 + 17 * i for i in range(16)], device="cuda")
     batch.row_lengths()

@@ -19,6 +19,8 @@ old policy, the frozen reference and (later) a teacher are each one of them.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from trainer import shared_prompt
@@ -124,12 +126,35 @@ def response_hidden(body, batch: Batch, *, width_multiple: int = 1, share_prompt
         # A compiled body: the row count varies with packing (trainer.packing), so it is left
         # symbolic; one graph per padded width serves every micro-batch of that width.
         torch._dynamo.maybe_mark_dynamic(input_ids, 0)
-    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
+    with causal_without_mask(body.config):
+        hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (b, L, H), causal, no mask
     kept = batch.kept_positions()  # (N,) flat (row, response column) of each sampled token
     width, response_width = hidden.shape[1], batch.response_ids.shape[1]
     rows, columns = kept // response_width, kept % response_width
     predictors = rows * width + starts[rows] - 1 + columns  # column j of a row is predicted at starts - 1 + j
     return hidden.reshape(-1, hidden.shape[-1])[predictors]
+
+
+#: The per-row forward's attention implementation: transformers' SDPA, causal, with no mask built.
+CAUSAL = "causal_sdpa"
+
+
+def causal_without_mask(config):
+    """For a body of full causal attention under SDPA: its attention, for the block, under a
+    name transformers builds no mask for. SDPA then runs its causal kernel, as it does for a
+    batch without padding, and transformers skips its mask preprocessing, which for a body
+    called without a mask checks the position ids it makes up for packed sequences: an ``if``
+    on a device tensor, a sync every forward. Other bodies (another attention, a sliding
+    window) keep transformers' own path."""
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not full_attention_only(config):
+        return contextlib.nullcontext()
+    return shared_prompt.attention_implementation(config, CAUSAL, _causal_sdpa)
+
+
+def _causal_sdpa(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
 
 
 def autocast_dtype(tensor: torch.Tensor):

@@ -177,9 +177,10 @@ def hidden(body, batch: Batch, sizes: list[int], *, width_multiple: int = 1, mas
 
 
 @contextlib.contextmanager
-def attention_implementation(config, name: str):
-    """The model's attention implementation set to ``name`` (registered first) for a block."""
-    _register()
+def attention_implementation(config, name: str, function=None):
+    """The model's attention implementation set to ``name`` for a block; ``function``
+    (default :func:`attend`) is registered under it the first time."""
+    _register(name, function or attend)
     before = config._attn_implementation
     config._attn_implementation = name
     try:
@@ -219,13 +220,12 @@ def _flex():
     return _COMPILED_FLEX
 
 
-_REGISTERED = False
+_REGISTERED: set[str] = set()
 
 
-def _register() -> None:
-    global _REGISTERED
-    if not _REGISTERED:
+def _register(name: str, function) -> None:
+    if name not in _REGISTERED:
         from transformers import AttentionInterface
 
-        AttentionInterface.register(ATTENTION, attend)
-        _REGISTERED = True
+        AttentionInterface.register(name, function)
+        _REGISTERED.add(name)

@@ -9,10 +9,9 @@ run's :class:`trainer.packing.Packing` (a fixed count, or as many as its token b
 holds at its longest row's width). With the prompt shared (``share_prompts``), what is
 sorted and cut is groups, each laid out as one row (:func:`micro_units`). All of this is
 decided on the host from the rows' lengths, read from the device once a step
-(:class:`trainer.batch.RowLengths`): with the prompt shared (the default), a micro-batch's
-cut, layout, forward and backward never wait for the GPU (``tests/test_shared_prompt.py``
-checks it under torch's sync debug mode); the per-row forward keeps one wait, in transformers'
-mask preprocessing.
+(:class:`trainer.batch.RowLengths`): a micro-batch's cut, layout, forward and backward never
+wait for the GPU (``tests/test_shared_prompt.py`` checks it under torch's sync debug mode; the
+per-row forward through :func:`trainer.forward.causal_without_mask`).
 
 When the step is exactly on-policy (one mini-batch: the update sees the weights
 that sampled) ``batch.old_logprobs`` is None and pi_old is the update forward's
