@@ -61,13 +61,17 @@ def log_path(args, model: str, run: str) -> Path | None:
     return args.logs / f"{model.replace(':', '_').replace('/', '_')}-{run}.err" if args.logs else None
 
 
-def run_json(command: list[str], env: dict, log: Path | None = None) -> dict | None:
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+def run_json(command: list[str], env: dict, log: Path | None = None, cwd: Path | None = None) -> dict | None:
+    """The JSON summary a benchmark prints last, or None (its error printed) when it fails;
+    its stderr kept in ``log``."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(done.stderr)
     if done.returncode != 0:
-        print(f"  {' '.join(command[1:4])}: exit {done.returncode}: {done.stderr.strip()[-400:]}", file=sys.stderr)
+        where = f" in {cwd}" if cwd is not None else ""
+        print(f"  {' '.join(command[1:4])}{where}: exit {done.returncode}: {done.stderr.strip()[-400:]}",
+              file=sys.stderr)
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -155,3 +155,39 @@ def test_kernel_kinds_tell_gemms_attention_and_compiled_kernels_apart():
     assert bench.kernel_kind("_fused_kernel") == bench.kernel_kind("_merge_kernel") == "attention"
     assert bench.kernel_kind("_span_kernel") == bench.kernel_kind("_pick_kernel") == "sampler"
     assert bench.kernel_kind("triton_per_fused_add_mul_rsqrt_0") == "triton (compiled)"
+
+
+def test_an_ab_verdict_calls_a_difference_only_when_the_steps_cannot_give_it_by_chance():
+    verdict = _load("bench_ab").verdict
+    assert "too few to tell" in verdict([1.0, 1.01], [0.9, 0.91])  # 2 and 2 steps split so 1 time in 3
+    assert "new faster at every step (4 and 4 steps; by chance 2.9%)" in verdict([1.0, 1.01, 1.02, 1.0],
+                                                                                 [0.9, 0.91, 0.92, 0.9])
+    assert "new slower at every step" in verdict([1.0] * 4, [1.1, 1.2, 1.3, 1.4])
+    assert "inside the noise" in verdict([1.0, 1.01, 1.02, 1.0], [0.9, 1.005, 0.92, 0.9])
+
+
+def test_ab_runs_the_base_trees_trainer_and_this_ones_in_turn(tmp_path):
+    """Both runs of the tiny shape on the CPU, the base a copy of this checkout's benchmarks and
+    trainer (a tree of its own): each runs its own tree's code, and the verdict line follows."""
+    import shutil
+
+    root = BENCHMARKS.parent
+    base = tmp_path / "base"
+    for part in ("benchmarks", "trainer"):
+        shutil.copytree(root / part, base / part, ignore=shutil.ignore_patterns("__pycache__"))
+    marker = base / "trainer" / "__init__.py"
+    marker.write_text(marker.read_text() + "\nimport sys\nprint('the base tree', file=sys.stderr)\n")
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_ab.py"), "--base", str(base), "--model", "tiny-random",
+         "--prompts", "2", "--samples", "2", "--prompt-length", "16", "--generate-length", "8", "--steps", "3",
+         "--device", "cpu", "--logs", str(tmp_path / "logs")], capture_output=True, text=True, timeout=300,
+        env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "the base tree" in (tmp_path / "logs" / "tiny-random-base-1.err").read_text()
+    assert "the base tree" not in (tmp_path / "logs" / "tiny-random-new-1.err").read_text()
+    lines = run.stdout.splitlines()
+    assert lines[1].startswith("  base ") and lines[2].startswith("  new ") and "(cold cache)" in lines[1]
+    assert lines[3].startswith("  new / base ") and "2 and 2 steps" in lines[3]
+    missing = subprocess.run([sys.executable, str(BENCHMARKS / "bench_ab.py"), "--base", str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no benchmarks/bench_trainer.py there" in missing.stderr
