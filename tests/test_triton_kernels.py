@@ -183,7 +183,7 @@ def test_the_fused_attention_at_each_head_dimensions_tile_equals_the_unfused_ste
     (the default tile's is the other tests')."""
     split, num_warps = fused_attention.tile_for(head_dim)
     inputs = fused_inputs(device, torch.float32, norm=True, group=6, d=head_dim)
-    for first, column in SPANS:
+    for first, column in SPANS[0:5:2]:  # several splits; split edges at 64 and 128; the cache's end (CI's time)
         expected, expected_cache = unfused(inputs, first, column)
         cache = inputs["cache"].clone()
         ours = fused_decode_attention(inputs["qkv"], inputs["cos"], inputs["sin"], cache,
