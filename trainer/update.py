@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import sys
 
@@ -51,12 +52,12 @@ def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int) -> tup
     their padded widths. A unit is a row, or with ``share_prompts`` a run of rows that repeat a
     prompt, which the forward lays out as one row of prompt and responses
     (:mod:`trainer.shared_prompt`)."""
-    lengths = mini.row_lengths()
+    rows = mini.row_lengths()
     sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
     if max(sizes) > 1:
         width_multiple = max(width_multiple, shared_prompt.BLOCK)
-    units = [list(rows) for rows in shared_prompt.group_rows(sizes)]
-    lengths = [lengths.prompt[unit[0]] + sum(lengths.ends[row] for row in unit) for unit in units]
+    units = [list(group) for group in shared_prompt.group_rows(sizes)]
+    lengths = [rows.prompt[unit[0]] + sum(rows.ends[row] for row in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
     widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
     return [units[u] for u in order], widths
@@ -97,14 +98,14 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
         units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple)
         grouped = any(len(unit) > 1 for unit in units)
-        # In the units' order (one index copy), each micro-batch is a slice.
+        # In the units' order (one index copy), each micro-batch is a slice: units [u, u + size)
+        # are rows [first_row[u], first_row[u + size]).
         ordered = mini.rows([row for unit in units for row in unit])
-        mini_loss, micro_start, row_start = 0.0, 0, 0
+        first_row = list(itertools.accumulate((len(unit) for unit in units), initial=0))
+        mini_loss, micro_start = 0.0, 0
         for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None):
-            micro_rows = sum(len(unit) for unit in units[micro_start : micro_start + micro_size])
-            micro = ordered.rows(slice(row_start, row_start + micro_rows))
+            micro = ordered.rows(slice(first_row[micro_start], first_row[micro_start + micro_size]))
             micro_start += micro_size
-            row_start += micro_rows
             mask = micro.response_mask  # (b, R)
             with autocast():
                 logprobs, entropy = forward(micro, cfg.temperature, with_entropy=True)  # (b, R)
