@@ -186,7 +186,9 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
             if packing is None:
                 packing = plan_packing(cfg, run.model, run.optimizer, device)
                 if group.is_main:
-                    print(f"sweep-train: update micro-batches: {packing.describe()}", file=stderr, flush=True)
+                    rows = getattr(run.policy, "row_width", None)
+                    rows = f"; prompts shared in rows of {rows} columns, groups packed" if rows else ""
+                    print(f"sweep-train: update micro-batches: {packing.describe()}{rows}", file=stderr, flush=True)
             with timed(times, "timing/policy_train", device):
                 update_stats = update_policy(run.policy, run.optimizer, run.scheduler, batch, cfg,
                                              precision=run.precision, stderr=stderr, group=group, packing=packing)

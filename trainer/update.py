@@ -7,7 +7,8 @@ micro-batches (the loss is a sum over rows, so order does not change it), which
 keeps the padding each micro-batch computes on small; how many rows each takes is the
 run's :class:`trainer.packing.Packing` (a fixed count, or as many as its token budget
 holds at its longest row's width). With the prompt shared (``share_prompts``), what is
-sorted and cut is groups, each laid out as one row (:func:`micro_units`). All of this is
+sorted and cut is groups, each laid out as one row, or (a compiled body) as many to a row
+of the run's one width as fit (:func:`micro_units`). All of this is
 decided on the host from the rows' lengths, read from the device once a step
 (:class:`trainer.batch.RowLengths`): a micro-batch's cut, layout, forward and backward never
 wait for the GPU (``tests/test_shared_prompt.py`` checks it under torch's sync debug mode; the
@@ -47,20 +48,26 @@ from trainer.parallel import SINGLE, Group, replicated, trains_sharded
 TOKEN_SUMS = ("clip_frac", "kl", "ref_kl", "tis_weight", "entropy")  # per-token sums, averaged over all tokens
 
 
-def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int) -> tuple[list[list[int]], list[int]]:
-    """What micro-batches are cut from: units of rows that stay together, longest first, and
-    their padded widths. A unit is a row, or with ``share_prompts`` a run of rows that repeat a
-    prompt, which the forward lays out as one row of prompt and responses
-    (:mod:`trainer.shared_prompt`)."""
+def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int,
+                row_width: int | None = None) -> tuple[list[list[int]], list[int], int | None]:
+    """What micro-batches are cut from: units of rows that stay together, longest first, their
+    padded widths, and the row width the forward packs them into (None: a row each). A unit
+    is a row, or with ``share_prompts`` a run of rows that repeat a prompt, which the forward
+    lays out as prompt then responses (:mod:`trainer.shared_prompt`), a row each or, with
+    ``row_width``, as many a row as fit: their widths are then their own lengths, and the row
+    width at least the longest's padded width."""
     rows = mini.row_lengths()
     sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
-    if max(sizes) > 1:
+    grouped = max(sizes) > 1
+    if grouped:
         width_multiple = max(width_multiple, shared_prompt.BLOCK)
     units = [list(group) for group in shared_prompt.group_rows(sizes)]
     lengths = [rows.prompt[unit[0]] + sum(rows.ends[row] for row in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
     widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
-    return [units[u] for u in order], widths
+    if not (grouped and row_width):
+        return [units[u] for u in order], widths, None
+    return [units[u] for u in order], [lengths[u] for u in order], max(row_width, widths[0])
 
 
 def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None,
@@ -96,14 +103,16 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         # This rank's share of the mini-batch's totals (on one rank: the totals).
         tokens = group.sum_floats([float(sum(mini.row_lengths().sampled))])[0] / group.world
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
-        units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple)
+        units, widths, row_width = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple,
+                                               row_width=getattr(model, "row_width", None))
         grouped = any(len(unit) > 1 for unit in units)
         # In the units' order (one index copy), each micro-batch is a slice: units [u, u + size)
         # are rows [first_row[u], first_row[u + size]).
         ordered = mini.rows([row for unit in units for row in unit])
         first_row = list(itertools.accumulate((len(unit) for unit in units), initial=0))
         mini_loss, micro_start = 0.0, 0
-        for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None):
+        for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None,
+                                      row_width=row_width):
             micro = ordered.rows(slice(first_row[micro_start], first_row[micro_start + micro_size]))
             micro_start += micro_size
             mask = micro.response_mask  # (b, R)
