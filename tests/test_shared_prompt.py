@@ -245,6 +245,26 @@ def test_rows_of_one_width_take_groups_first_fit_and_a_token_budget_counts_those
     assert Packing(tokens=2048).cut(lengths, unit_rows=[4] * 6, row_width=1024) == [2, 4]
     assert Packing(tokens=100).cut(lengths, unit_rows=[4] * 6, row_width=1024) == [1, 1, 4]  # a row at least
     assert Packing(rows=8).cut(lengths, unit_rows=[4] * 6, row_width=1024) == [2, 2, 2]  # a row count: as before
+    # A first unit longer than the rows (its padded width, 256) widens its micro-batch's rows:
+    # 512 tokens are two such rows, 120 + 100 sharing the second; 60 then starts rows of 128.
+    assert Packing(tokens=512).cut([256, 120, 100, 60], unit_rows=[2] * 4, row_width=128) == [3, 1]
+
+
+def test_a_group_longer_than_the_rows_is_cut_at_its_padded_width_and_rows_stay_within_the_budget():
+    from trainer.update import micro_units
+
+    model, tokenizer = small_model(torch.float32)
+    batch = random_groups(tokenizer, prompt_lengths=(150, 10), response_lengths=(30, 40, 50, 60), n=2)
+    units, widths, row_width = micro_units(batch, share_prompts=True, width_multiple=1, row_width=128)
+    assert units == [[0, 1], [2, 3]] and widths == [256, 120] and row_width == 128  # 150 + 70 = 220 columns
+    assert shared_prompt.Layout(batch.rows([0, 1, 2, 3]), [2, 2], row_width=128).ids.shape == (2, 256)
+    # Rows no wider than a micro-batch's token budget: a micro-batch is at least a row.
+    model.row_width = 2304
+    shared_prompt.fit_rows(model, None)
+    shared_prompt.fit_rows(model, 32768)
+    assert model.row_width == 2304
+    shared_prompt.fit_rows(model, 2000)
+    assert model.row_width == 1920
 
 
 def test_a_row_count_is_met_in_whole_groups_and_a_token_budget_counts_a_groups_row():
@@ -255,11 +275,13 @@ def test_a_row_count_is_met_in_whole_groups_and_a_token_budget_counts_a_groups_r
 
 @pytest.mark.parametrize("row_width", [None, 256], ids=["a-row-each", "rows-of-256"])
 @pytest.mark.parametrize("packing", [Packing(rows=16, why="one micro-batch"), Packing(tokens=300, why="packed"),
-                                     Packing(rows=4, why="a group at a time")])
+                                     Packing(rows=4, why="a group at a time"),
+                                     Packing(tokens=200, why="rows cut to the budget")])
 def test_shared_and_per_row_updates_agree_in_fp64(packing, row_width):
     """The same update with the prompt shared as with every row's own copy: SGD (linear in the
     gradient) from the same weights gives the same weights to 1e-6. With rows of 256 columns
-    the groups (100, 75, 124 and 145 columns) share rows: one a micro-batch under 300 tokens."""
+    the groups (100, 75, 124 and 145 columns) share rows: one a micro-batch under 300 tokens;
+    under 200, rows of 128, the 145-column group in a row of 256 of its own."""
     from trainer.losses import group_advantages
     from trainer.update import update_policy
 
@@ -277,6 +299,8 @@ def test_shared_and_per_row_updates_agree_in_fp64(packing, row_width):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
         stats = update_policy(model, optimizer, scheduler, batch, cfg, packing=packing)
         results.append(([p.detach().clone() for p in model.parameters()], stats))
+    if row_width and packing.tokens == 200:
+        assert model.row_width == 128  # cut to the budget
     (alone, alone_stats), (shared, shared_stats) = results
     assert shared_stats["policy/loss"] == pytest.approx(alone_stats["policy/loss"], abs=1e-10)
     assert shared_stats["policy/entropy"] == pytest.approx(alone_stats["policy/entropy"], abs=1e-10)

@@ -69,7 +69,8 @@ class Packing:
         :data:`ROW_MULTIPLE` on are rounded down to a multiple of it.
 
         With ``row_width``, ``widths`` are the units' own lengths and the forward packs them
-        into rows of ``row_width`` columns, first fit in this order (:func:`pack_rows`, as
+        into rows of ``row_width`` columns (as wide as the micro-batch's first unit, if that is
+        longer), first fit in this order (:func:`pack_rows`, as
         :class:`trainer.shared_prompt.Layout` does): a token budget counts those rows."""
         total, sizes, start = len(widths), [], 0
         while start < total:
@@ -81,7 +82,8 @@ class Packing:
             elif self.rows is not None:
                 size = self.rows
             elif row_width is not None:
-                size = _units_in_rows(widths[start:], row_width, max(1, self.tokens // row_width))
+                wide = max(row_width, widths[start])  # a longer first unit widens its micro-batch's rows
+                size = _units_in_rows(widths[start:], wide, max(1, self.tokens // wide))
             else:
                 size = max(1, self.tokens // max(1, widths[start]))
                 if unit_rows is None and size >= ROW_MULTIPLE:

@@ -15,8 +15,8 @@ gradient (the prompt's activations collect the sum of their samples' gradients, 
 copies' did). Padding sees only padding, and no real token's query sees it.
 
 A compiled body takes rows of one width for the whole run (``row_width``, set by
-``trainer.setup`` from the run's longest possible group), each holding as many groups as
-fit, one after another: the mask keeps each group to itself (a column sees its own segment
+``trainer.setup`` from the run's longest possible group and narrowed to a micro-batch's
+token budget, :func:`fit_rows`), each holding as many groups as fit, one after another: the mask keeps each group to itself (a column sees its own segment
 and its group's prompt, never another group's), and flex attention skips the blocks between
 groups. One compiled graph then serves every micro-batch of every step.
 
@@ -72,6 +72,16 @@ def widest_group(cfg) -> int:
     is compiled)."""
     longest = cfg.max_prompt_length + cfg.n_samples_per_prompt * cfg.max_generate_length
     return -(-longest // BLOCK) * BLOCK
+
+
+def fit_rows(model, tokens: int | None) -> None:
+    """Keep the model's ``row_width`` (if any) within a micro-batch's token budget: a
+    micro-batch holds at least one row, so a row wider than the budget would take more memory
+    than it allows (a group longer than the rows then gets a row of its own width, as it did
+    alone)."""
+    width = getattr(model, "row_width", None)
+    if width and tokens is not None and tokens < width:
+        model.row_width = max(BLOCK, tokens // BLOCK * BLOCK)
 
 
 def group_rows(sizes: list[int]) -> list[range]:

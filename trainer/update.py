@@ -54,8 +54,8 @@ def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int,
     padded widths, and the row width the forward packs them into (None: a row each). A unit
     is a row, or with ``share_prompts`` a run of rows that repeat a prompt, which the forward
     lays out as prompt then responses (:mod:`trainer.shared_prompt`), a row each or, with
-    ``row_width``, as many a row as fit: their widths are then their own lengths, and the row
-    width at least the longest's padded width."""
+    ``row_width``, as many a row as fit: their widths are then their own lengths (a unit
+    longer than the row width: its padded width, the width its micro-batch's rows take)."""
     rows = mini.row_lengths()
     sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
     grouped = max(sizes) > 1
@@ -67,7 +67,8 @@ def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int,
     widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
     if not (grouped and row_width):
         return [units[u] for u in order], widths, None
-    return [units[u] for u in order], [lengths[u] for u in order], max(row_width, widths[0])
+    own = [lengths[u] if lengths[u] <= row_width else width for u, width in zip(order, widths)]
+    return [units[u] for u in order], own, row_width
 
 
 def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None,
@@ -90,6 +91,7 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         packing = plan_packing(cfg, model, optimizer, batch.prompt_ids.device)
     width_multiple = getattr(model, "width_multiple", 1)
     share_prompts = getattr(model, "share_prompts", False)
+    shared_prompt.fit_rows(model, packing.tokens)
     # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
     sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0,
             "entropy": 0.0}
