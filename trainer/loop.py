@@ -81,7 +81,7 @@ from typing import NoReturn
 import attrs
 import torch
 
-from trainer import checkpoint, parallel, startup
+from trainer import checkpoint, parallel, shared_prompt, startup
 from trainer.advantages import advantages_for
 from trainer.batch import Batch
 from trainer.config import TrainerConfig
@@ -185,6 +185,7 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
             # -- 4. update: mini-batches of whole groups, micro-batches accumulate --------------
             if packing is None:
                 packing = plan_packing(cfg, run.model, run.optimizer, device)
+                shared_prompt.fit_rows(run.policy, packing.tokens)  # rows within the budget (the update's too)
                 if group.is_main:
                     rows = getattr(run.policy, "row_width", None)
                     rows = f"; prompts shared in rows of {rows} columns, groups packed" if rows else ""

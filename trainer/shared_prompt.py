@@ -16,9 +16,10 @@ copies' did). Padding sees only padding, and no real token's query sees it.
 
 A compiled body takes rows of one width for the whole run (``row_width``, set by
 ``trainer.setup`` from the run's longest possible group and narrowed to a micro-batch's
-token budget, :func:`fit_rows`), each holding as many groups as fit, one after another: the mask keeps each group to itself (a column sees its own segment
-and its group's prompt, never another group's), and flex attention skips the blocks between
-groups. One compiled graph then serves every micro-batch of every step.
+token budget, :func:`fit_rows`), each holding as many groups as fit, one after another:
+the mask keeps each group to itself (a column sees its own segment and its group's prompt,
+never another group's), and flex attention skips the blocks between groups. One compiled
+graph then serves every micro-batch of every step.
 
 The mask goes to the attention as a 4-D mask that HF's mask builders pass through
 unchanged, through an attention function registered for the call (:data:`ATTENTION`):
