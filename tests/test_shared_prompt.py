@@ -10,7 +10,7 @@ import torch
 from trainer import shared_prompt
 from trainer.batch import Batch
 from trainer.config import TrainerConfig
-from trainer.packing import Packing, pack_rows
+from trainer.packing import Packing
 from trainer.rollout import Generation
 
 
@@ -57,44 +57,25 @@ def test_a_response_sees_the_prompt_and_itself_never_another_response():
     assert mask[5, :6].tolist() == [True, True, False, False, False, True]
     assert mask[4, :6].tolist() == [True, True, True, True, True, False]
     assert mask[1, :3].tolist() == [True, True, False]  # the prompt is causal
-    assert mask[6, :7].tolist() == [False] * 6 + [True]  # padding sees padding only
-    assert not mask[:6, 6:].any()  # and no real token sees it
+    assert mask[6, :7].tolist() == [True, True, False, False, False, False, True]  # padding: prompt and itself
     assert mask.sum(dim=1).min() >= 1  # no query sees nothing
 
 
-def test_rows_of_one_width_hold_several_groups_each_kept_to_itself():
-    layout = shared_prompt.Layout(two_groups(), [2, 2], row_width=128)
-    assert layout.width == 128 and layout.ids.shape == (1, 128)  # groups of 6 and 7 columns: one row
-    assert layout.ids[0, :13].tolist() == [1, 2, 5, 6, 7, 8, 3, 4, 9, 10, 11, 12, 13]
-    assert layout.positions[0, :13].tolist() == [0, 1, 2, 3, 4, 2, 0, 1, 2, 3, 4, 3, 4]  # each group from 0
-    assert layout.segments[0, :14].tolist() == [0, 0, 1, 1, 1, 2, 3, 3, 3, 4, 4, 5, 5, -1]
-    assert layout.owners[0, :14].tolist() == [0] * 6 + [3] * 7 + [-1]
-    mask = layout.dense_mask()[0, 0]
-    assert not mask[6:13, :6].any() and not mask[:6, 6:].any()  # neither group sees the other
-    assert mask[9, :13].tolist() == [False] * 6 + [True] * 4 + [False] * 3  # its prompt and itself
-    assert not mask[:13, 13:].any() and mask[13:, 13:].any()  # padding: only padding
-    # The second group's prompt ends at column 8: it predicts both its responses' first tokens.
-    assert layout.predictors.tolist() == [1, 2, 3, 1, 8, 9, 8, 11]
-    # A group longer than the width widens the rows (to the block), rather than overflow.
-    assert shared_prompt.Layout(two_groups(), [2, 2], row_width=4).width == 128
-
-
-@pytest.mark.parametrize("row_width", [None, 640], ids=["a-row-each", "one-row"])
-def test_the_block_mask_lists_every_visible_block_and_runs_only_whole_ones_unmasked(row_width):
+def test_the_block_mask_lists_every_visible_block_and_runs_only_whole_ones_unmasked():
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 200, (n,), generator=generator).tolist() for n in (150, 40)]
     responses = [torch.randint(1, 200, (n,), generator=generator).tolist() for n in (130, 200, 7, 90)]
-    layout = shared_prompt.Layout(grouped_batch(prompts, responses, n=2), [2, 2], row_width=row_width)
+    layout = shared_prompt.Layout(grouped_batch(prompts, responses, n=2), [2, 2])
     dense = layout.dense_mask()[:, 0]  # (G, L, L)
-    blocks, rows = layout.width // shared_prompt.BLOCK, dense.shape[0]
-    tiles = dense.view(rows, blocks, shared_prompt.BLOCK, blocks, shared_prompt.BLOCK)
+    blocks = layout.width // shared_prompt.BLOCK
+    tiles = dense.view(2, blocks, shared_prompt.BLOCK, blocks, shared_prompt.BLOCK)
     seen, whole = tiles.any(dim=4).any(dim=2), tiles.all(dim=4).all(dim=2)
     block_mask = layout.block_mask()
     listed = block_mask.to_dense()[:, 0].bool()  # partial and full blocks
     assert torch.equal(listed, seen)
     counts, indices = block_mask.full_kv_num_blocks[:, 0], block_mask.full_kv_indices[:, 0]
     full = torch.zeros_like(whole)
-    for g in range(rows):
+    for g in range(2):
         for q in range(blocks):
             full[g, q, indices[g, q, : counts[g, q]].long()] = True
     assert torch.equal(full, whole) and whole.any() and (seen & ~whole).any()
@@ -115,8 +96,7 @@ def random_groups(tokenizer, *, prompt_lengths, response_lengths, n, seed=1, dev
     return grouped_batch(prompts, responses, n=n, pad_id=tokenizer.pad_token_id, device=device)
 
 
-@pytest.mark.parametrize("row_width", [None, 128], ids=["a-row-each", "one-row"])
-def test_shared_log_probs_are_each_rows_own(row_width):
+def test_shared_log_probs_are_each_rows_own():
     from trainer.forward import response_logprobs
 
     torch.set_num_threads(1)
@@ -124,7 +104,7 @@ def test_shared_log_probs_are_each_rows_own(row_width):
     batch = random_groups(tokenizer, prompt_lengths=(9, 3, 5), response_lengths=(3, 6, 1, 4, 7, 2), n=2)
     with torch.no_grad():
         alone, alone_entropy = response_logprobs(model, batch, 0.7, with_entropy=True)
-        model.share_prompts, model.row_width = True, row_width  # 128: the three groups in one row
+        model.share_prompts = True
         shared, shared_entropy = response_logprobs(model, batch, 0.7, with_entropy=True)
     torch.testing.assert_close(shared, alone, rtol=0, atol=1e-12)
     torch.testing.assert_close(shared_entropy, alone_entropy, rtol=0, atol=1e-12)
@@ -202,8 +182,7 @@ def test_the_forward_runs_one_row_a_group_under_the_mask(monkeypatch):
 
 def test_flex_attention_forward_matches_the_dense_mask():
     """The block mask (flex attention's forward; the CPU has no flex backward) against SDPA
-    under the dense mask, on rows that span several blocks; and with both groups (480 and 137
-    columns) in one row of 640, against a row each."""
+    under the dense mask, on rows that span several blocks."""
     from trainer.forward import split_head
 
     torch.set_num_threads(1)
@@ -213,58 +192,17 @@ def test_flex_attention_forward_matches_the_dense_mask():
     with torch.no_grad():
         dense = shared_prompt.hidden(body, batch, [2, 2], mask="dense")
         flex = shared_prompt.hidden(body, batch, [2, 2], mask="flex")
-        assert shared_prompt.Layout(batch, [2, 2], row_width=640).ids.shape == (1, 640)
-        packed = shared_prompt.hidden(body, batch, [2, 2], mask="flex", row_width=640)
     torch.testing.assert_close(flex, dense, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(packed, dense, rtol=1e-4, atol=1e-4)
 
 
 def test_micro_batches_keep_groups_whole():
     from trainer.update import micro_units
 
     batch = two_groups()
-    units, widths, row_width = micro_units(batch, share_prompts=True, width_multiple=1)
+    units, widths = micro_units(batch, share_prompts=True, width_multiple=1)
     assert units == [[2, 3], [0, 1]] and widths == [128, 128]  # 3 + 2 + 2 and 2 + 3 + 1 tokens, a block each
-    assert row_width is None
-    units, widths, row_width = micro_units(batch, share_prompts=False, width_multiple=1)
-    assert units == [[0], [2], [3], [1]] and widths == [5, 5, 5, 3] and row_width is None
-    # Rows of a run's one width: the groups' own lengths, packed into rows at least that wide.
-    units, widths, row_width = micro_units(batch, share_prompts=True, width_multiple=1, row_width=256)
-    assert units == [[2, 3], [0, 1]] and widths == [7, 6] and row_width == 256
-    units, widths, row_width = micro_units(batch, share_prompts=False, width_multiple=1, row_width=256)
-    assert widths == [5, 5, 5, 3] and row_width is None  # no groups: rows of their own
-
-
-def test_rows_of_one_width_take_groups_first_fit_and_a_token_budget_counts_those_rows():
-    # 400 fits neither open row (124 and 324 columns left) and opens a third; 100 goes back to the first.
-    assert pack_rows([900, 700, 400, 300, 200, 100], 1024) == [(0, 0), (1, 0), (2, 0), (1, 700), (2, 400), (0, 900)]
-    assert pack_rows([1500, 10], 1024) == [(0, 0), (1, 0)]  # too long: a row of its own, overflowing it
-    lengths = [900, 700, 400, 300, 200, 100]
-    # Two 1024-wide rows a micro-batch: 900 and 700 open them, 400 would open a third; then
-    # 400, 300, 200 and 100 share one row.
-    assert Packing(tokens=2048).cut(lengths, unit_rows=[4] * 6, row_width=1024) == [2, 4]
-    assert Packing(tokens=100).cut(lengths, unit_rows=[4] * 6, row_width=1024) == [1, 1, 4]  # a row at least
-    assert Packing(rows=8).cut(lengths, unit_rows=[4] * 6, row_width=1024) == [2, 2, 2]  # a row count: as before
-    # A first unit longer than the rows (its padded width, 256) widens its micro-batch's rows:
-    # 512 tokens are two such rows, 120 + 100 sharing the second; 60 then starts rows of 128.
-    assert Packing(tokens=512).cut([256, 120, 100, 60], unit_rows=[2] * 4, row_width=128) == [3, 1]
-
-
-def test_a_group_longer_than_the_rows_is_cut_at_its_padded_width_and_rows_stay_within_the_budget():
-    from trainer.update import micro_units
-
-    model, tokenizer = small_model(torch.float32)
-    batch = random_groups(tokenizer, prompt_lengths=(150, 10), response_lengths=(30, 40, 50, 60), n=2)
-    units, widths, row_width = micro_units(batch, share_prompts=True, width_multiple=1, row_width=128)
-    assert units == [[0, 1], [2, 3]] and widths == [256, 120] and row_width == 128  # 150 + 70 = 220 columns
-    assert shared_prompt.Layout(batch.rows([0, 1, 2, 3]), [2, 2], row_width=128).ids.shape == (2, 256)
-    # Rows no wider than a micro-batch's token budget: a micro-batch is at least a row.
-    model.row_width = 2304
-    shared_prompt.fit_rows(model, None)
-    shared_prompt.fit_rows(model, 32768)
-    assert model.row_width == 2304
-    shared_prompt.fit_rows(model, 2000)
-    assert model.row_width == 1920
+    units, widths = micro_units(batch, share_prompts=False, width_multiple=1)
+    assert units == [[0], [2], [3], [1]] and widths == [5, 5, 5, 3]
 
 
 def test_a_row_count_is_met_in_whole_groups_and_a_token_budget_counts_a_groups_row():
@@ -273,15 +211,11 @@ def test_a_row_count_is_met_in_whole_groups_and_a_token_budget_counts_a_groups_r
     assert Packing(tokens=5120).cut([2048] * 4 + [512] * 10, unit_rows=[4] * 14) == [2, 2, 10]  # not rounded to 8
 
 
-@pytest.mark.parametrize("row_width", [None, 256], ids=["a-row-each", "rows-of-256"])
 @pytest.mark.parametrize("packing", [Packing(rows=16, why="one micro-batch"), Packing(tokens=300, why="packed"),
-                                     Packing(rows=4, why="a group at a time"),
-                                     Packing(tokens=200, why="rows cut to the budget")])
-def test_shared_and_per_row_updates_agree_in_fp64(packing, row_width):
+                                     Packing(rows=4, why="a group at a time")])
+def test_shared_and_per_row_updates_agree_in_fp64(packing):
     """The same update with the prompt shared as with every row's own copy: SGD (linear in the
-    gradient) from the same weights gives the same weights to 1e-6. With rows of 256 columns
-    the groups (100, 75, 124 and 145 columns) share rows: one a micro-batch under 300 tokens;
-    under 200, rows of 128, the 145-column group in a row of 256 of its own."""
+    gradient) from the same weights gives the same weights to 1e-6."""
     from trainer.losses import group_advantages
     from trainer.update import update_policy
 
@@ -291,7 +225,7 @@ def test_shared_and_per_row_updates_agree_in_fp64(packing, row_width):
     results = []
     for share in (False, True):
         model, tokenizer = small_model(torch.float64)
-        model.share_prompts, model.row_width = share, row_width
+        model.share_prompts = share
         batch = random_groups(tokenizer, prompt_lengths=(60, 3, 20, 9), n=4,
                               response_lengths=[7 + 2 * i for i in range(16)])
         batch = attrs.evolve(batch, advantages=group_advantages(torch.arange(16.0) % 3, 4).to(torch.float64))
@@ -299,8 +233,6 @@ def test_shared_and_per_row_updates_agree_in_fp64(packing, row_width):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
         stats = update_policy(model, optimizer, scheduler, batch, cfg, packing=packing)
         results.append(([p.detach().clone() for p in model.parameters()], stats))
-    if row_width and packing.tokens == 200:
-        assert model.row_width == 128  # cut to the budget
     (alone, alone_stats), (shared, shared_stats) = results
     assert shared_stats["policy/loss"] == pytest.approx(alone_stats["policy/loss"], abs=1e-10)
     assert shared_stats["policy/entropy"] == pytest.approx(alone_stats["policy/entropy"], abs=1e-10)
@@ -331,11 +263,9 @@ def test_a_run_shares_prompts_by_default_but_not_under_gradient_checkpointing(tm
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("row_width", [None, 1024], ids=["a-row-each", "rows-of-1024"])
-def test_shared_log_probs_and_gradients_match_per_row_on_cuda(row_width):
+def test_shared_log_probs_and_gradients_match_per_row_on_cuda():
     """The flex-attention path (forward and backward) against each row's own copy, in bf16
-    autocast over fp32 weights as the update runs, compiled as the trainer compiles it. In
-    rows of 1024 the groups of 843, 534 and 372 columns take two rows, the last two sharing."""
+    autocast over fp32 weights as the update runs, compiled as the trainer compiles it."""
     from trainer.forward import compile_body, response_logprobs
     from trainer.models import load_model_and_tokenizer
 
@@ -346,7 +276,7 @@ def test_shared_log_probs_and_gradients_match_per_row_on_cuda(row_width):
     for share in (False, True):
         model, tokenizer = load_model_and_tokenizer(cfg, device="cuda", dtype=torch.float32)
         compile_body(model)
-        model.share_prompts, model.row_width = share, row_width
+        model.share_prompts = share
         batch = random_groups(tokenizer, prompt_lengths=(150, 40, 77), n=4,
                               response_lengths=[30 + 17 * i for i in range(12)], device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -381,9 +311,8 @@ def test_a_run_with_the_prompt_shared_learns_as_one_without(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("share, row_width", [(False, None), (True, None), (True, 1024)],
-                         ids=["per-row", "shared", "shared-rows-of-1024"])
-def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu(share, row_width):
+@pytest.mark.parametrize("share", [False, True], ids=["per-row", "shared"])
+def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu(share):
     """Once a batch's row lengths are read (one sync a step), cutting a micro-batch, its
     layout, forward and backward never synchronise with the device: torch's sync debug mode
     raises on the first that would (each stalled the GPU queue for the host's launch time).
@@ -396,7 +325,7 @@ def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu
     cfg = TrainerConfig(model="tiny-random", dataset="gsm8k")
     model, tokenizer = load_model_and_tokenizer(cfg, device="cuda", dtype=torch.float32)
     compile_body(model)
-    model.share_prompts, model.fused_logprobs, model.row_width = share, True, row_width
+    model.share_prompts, model.fused_logprobs = share, True
     batch = random_groups(tokenizer, prompt_lengths=(150, 40, 77, 9), n=4,
                           response_lengths=[30 + 17 * i for i in range(16)], device="cuda")
     batch.row_lengths()
@@ -412,27 +341,3 @@ def test_a_micro_batch_is_cut_run_and_differentiated_without_waiting_for_the_gpu
             torch.cuda.set_sync_debug_mode("default")
     rows = [4, 5, 6, 7, 12, 13, 14, 15]
     assert torch.equal(micro.response_ids, batch.response_ids[rows, : micro.response_ids.shape[1]])
-
-
-def test_a_compiled_body_compiles_one_graph_for_rows_of_one_width():
-    """Micro-batches whose longest groups take 1, 2 and 3 blocks: a row each, they would meet
-    three widths, each compiling the layers anew (7 s a width on the 1.5B shape on an H200);
-    in rows of the run's one width the first graph serves them all, backward included."""
-    from torch._dynamo.utils import counters
-
-    from trainer.forward import compile_body, response_logprobs
-
-    torch.set_num_threads(1)
-    model, tokenizer = small_model(torch.float32)
-    compile_body(model)
-    model.share_prompts, model.row_width = True, 512
-    batches = [random_groups(tokenizer, prompt_lengths=(length, 10), response_lengths=(30, 40, 50, 60), n=2,
-                             seed=k) for k, length in enumerate((20, 150, 280))]
-    assert [shared_prompt.Layout(b, [2, 2]).width for b in batches] == [128, 256, 384]  # a row each
-    torch._dynamo.reset()
-    counters.clear()
-    for batch in batches:
-        assert shared_prompt.Layout(batch, [2, 2], row_width=512).ids.shape == (1, 512)
-        logprobs, _ = response_logprobs(model, batch, 1.0)
-        (logprobs * batch.response_mask).sum().backward()
-    assert counters["stats"]["unique_graphs"] == 1

@@ -47,8 +47,7 @@ def response_logprobs(model, batch: Batch, temperature: float, *, with_entropy: 
         return token_logprobs(logits, batch.response_ids), entropy_from_logits(logits) if with_entropy else None
     body, head = parts
     predicting = response_hidden(body, batch, width_multiple=getattr(model, "width_multiple", 1),
-                                 share_prompts=getattr(model, "share_prompts", False),
-                                 row_width=getattr(model, "row_width", None))  # (N, H)
+                                 share_prompts=getattr(model, "share_prompts", False))  # (N, H)
     kept = batch.kept_positions()  # (N,) flat indices of the sampled tokens
     targets = batch.response_ids.reshape(-1)[kept]  # as response_ids[mask] would, without a sync
     logprobs, entropy = linear_logprobs(predicting, head.weight, targets, temperature=temperature,
@@ -114,16 +113,14 @@ def split_head(model):
     return body, head
 
 
-def response_hidden(body, batch: Batch, *, width_multiple: int = 1, share_prompts: bool = False,
-                    row_width: int | None = None) -> torch.Tensor:
+def response_hidden(body, batch: Batch, *, width_multiple: int = 1, share_prompts: bool = False) -> torch.Tensor:
     """(N, H) the body's last hidden states that predict each of the N sampled response tokens
     (row-major over ``batch.response_mask``), from one left-aligned forward; with
-    ``share_prompts``, rows that repeat a prompt run it once (:mod:`trainer.shared_prompt`,
-    in rows of ``row_width`` when given)."""
+    ``share_prompts``, rows that repeat a prompt run it once (:mod:`trainer.shared_prompt`)."""
     if share_prompts:
         sizes = shared_prompt.prompt_groups(batch)
         if max(sizes) > 1:
-            return shared_prompt.hidden(body, batch, sizes, width_multiple=width_multiple, row_width=row_width)
+            return shared_prompt.hidden(body, batch, sizes, width_multiple=width_multiple)
     input_ids, starts = left_aligned(batch, width_multiple=width_multiple)
     if width_multiple > 1:
         # A compiled body: the row count varies with packing (trainer.packing), so it is left

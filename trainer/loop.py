@@ -81,7 +81,7 @@ from typing import NoReturn
 import attrs
 import torch
 
-from trainer import checkpoint, parallel, shared_prompt, startup
+from trainer import checkpoint, parallel, startup
 from trainer.advantages import advantages_for
 from trainer.batch import Batch
 from trainer.config import TrainerConfig
@@ -185,11 +185,8 @@ def train_rank(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir, metrics_p
             # -- 4. update: mini-batches of whole groups, micro-batches accumulate --------------
             if packing is None:
                 packing = plan_packing(cfg, run.model, run.optimizer, device)
-                shared_prompt.fit_rows(run.policy, packing.tokens)  # rows within the budget (the update's too)
                 if group.is_main:
-                    rows = getattr(run.policy, "row_width", None)
-                    rows = f"; prompts shared in rows of {rows} columns, groups packed" if rows else ""
-                    print(f"sweep-train: update micro-batches: {packing.describe()}{rows}", file=stderr, flush=True)
+                    print(f"sweep-train: update micro-batches: {packing.describe()}", file=stderr, flush=True)
             with timed(times, "timing/policy_train", device):
                 update_stats = update_policy(run.policy, run.optimizer, run.scheduler, batch, cfg,
                                              precision=run.precision, stderr=stderr, group=group, packing=packing)

@@ -25,10 +25,7 @@ The memory budget is ``train_memory_gb``, else 90 % of the device's memory, at m
 default run fits the cards the seeds' clusters have, whatever card it is measured on.
 
 Row counts of 8 and more are rounded down to a multiple of 8, so a compiled body meets
-few shapes (:data:`trainer.forward.COMPILED_SHAPES`). A compiled body with shared prompts
-takes rows of one width for the whole run, each holding as many groups as fit
-(:func:`pack_rows`): a micro-batch is then a count of such rows, and one compiled graph
-serves every step, however long the responses grow (:attr:`trainer.shared_prompt.Layout`).
+few shapes (:data:`trainer.forward.COMPILED_SHAPES`).
 """
 
 from __future__ import annotations
@@ -59,19 +56,13 @@ class Packing:
     tokens: int | None = None
     why: str = ""
 
-    def cut(self, widths: Sequence[int], *, unit_rows: Sequence[int] | None = None,
-            row_width: int | None = None) -> list[int]:
+    def cut(self, widths: Sequence[int], *, unit_rows: Sequence[int] | None = None) -> list[int]:
         """How many units each successive micro-batch takes, over units of these padded
         ``widths``, longest first (each micro-batch's width is its first unit's). A unit is a
         row, or (``unit_rows``: the rows each holds) a group of rows that the shared-prompt
         forward lays out as one row: a count of rows is then met in whole groups, at least
         one, and a token budget counts each group's one row. Counts of single rows from
-        :data:`ROW_MULTIPLE` on are rounded down to a multiple of it.
-
-        With ``row_width``, ``widths`` are the units' own lengths and the forward packs them
-        into rows of ``row_width`` columns (as wide as the micro-batch's first unit, if that is
-        longer), first fit in this order (:func:`pack_rows`, as
-        :class:`trainer.shared_prompt.Layout` does): a token budget counts those rows."""
+        :data:`ROW_MULTIPLE` on are rounded down to a multiple of it."""
         total, sizes, start = len(widths), [], 0
         while start < total:
             if self.rows is not None and unit_rows is not None:
@@ -81,9 +72,6 @@ class Packing:
                     size += 1
             elif self.rows is not None:
                 size = self.rows
-            elif row_width is not None:
-                wide = max(row_width, widths[start])  # a longer first unit widens its micro-batch's rows
-                size = _units_in_rows(widths[start:], wide, max(1, self.tokens // wide))
             else:
                 size = max(1, self.tokens // max(1, widths[start]))
                 if unit_rows is None and size >= ROW_MULTIPLE:
@@ -96,35 +84,6 @@ class Packing:
     def describe(self) -> str:
         size = f"{self.rows} rows" if self.rows is not None else f"up to {self.tokens} padded tokens"
         return f"{size} ({self.why})"
-
-
-def pack_rows(lengths: Sequence[int], width: int) -> list[tuple[int, int]]:
-    """(row, first column) of each unit when units of these ``lengths``, in this order, are
-    packed into rows of ``width`` columns, each into the first row with room (a unit longer
-    than ``width`` gets a row of its own, overflowing it: the caller widens its rows)."""
-    free: list[int] = []
-    places = []
-    for length in lengths:
-        row = next((r for r, room in enumerate(free) if length <= room), len(free))
-        if row == len(free):
-            free.append(width)
-        places.append((row, width - free[row]))
-        free[row] -= length
-    return places
-
-
-def _units_in_rows(lengths: Sequence[int], width: int, rows: int) -> int:
-    """How many of the leading units :func:`pack_rows` fits into ``rows`` rows (at least one)."""
-    free: list[int] = []
-    for taken, length in enumerate(lengths):
-        row = next((r for r, room in enumerate(free) if length <= room), None)
-        if row is None:
-            if len(free) == rows:
-                return max(1, taken)
-            free.append(width)
-            row = len(free) - 1
-        free[row] -= length
-    return len(lengths)
 
 
 def activation_bytes_per_token(config) -> int:

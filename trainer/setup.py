@@ -137,9 +137,8 @@ def set_up(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir: Path, metrics
     policy = parallel.shard(copy.deepcopy(model), cfg, group) if group.distributed else model
     if device.type == "cuda" and not group.distributed:
         policy.fused_logprobs = cfg.fused_logprobs  # read by trainer.forward.response_logprobs
-        if cfg.compile_update and compile_body(policy) and policy.share_prompts:
-            # One row width for the run: every micro-batch meets the compiled layers' one graph.
-            policy.row_width = shared_prompt.widest_group(cfg)  # read by trainer.forward and trainer.update
+        if cfg.compile_update:
+            compile_body(policy)
     optimizer = precision.optimizer(policy.parameters(), cfg)
     warmup = cfg.num_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -12,14 +12,7 @@ length) and a mask in which the prompt is causal and a response sees the prompt 
 earlier tokens, never another response. Every real token so sees exactly the keys it sees in
 its own row, at the same positions: the log-probs are the per-row forward's, and so is the
 gradient (the prompt's activations collect the sum of their samples' gradients, as the n
-copies' did). Padding sees only padding, and no real token's query sees it.
-
-A compiled body takes rows of one width for the whole run (``row_width``, set by
-``trainer.setup`` from the run's longest possible group and narrowed to a micro-batch's
-token budget, :func:`fit_rows`), each holding as many groups as fit, one after another:
-the mask keeps each group to itself (a column sees its own segment and its group's prompt,
-never another group's), and flex attention skips the blocks between groups. One compiled
-graph then serves every micro-batch of every step.
+copies' did). Padding sees the prompt and itself, never a real token's query.
 
 The mask goes to the attention as a 4-D mask that HF's mask builders pass through
 unchanged, through an attention function registered for the call (:data:`ATTENTION`):
@@ -48,7 +41,6 @@ import torch
 
 from trainer.batch import Batch, host_to_device
 from trainer.models import full_attention_only
-from trainer.packing import pack_rows
 
 #: The name the attention function is registered under in transformers' attention registry.
 ATTENTION = "shared_prompt"
@@ -67,24 +59,6 @@ def prompt_groups(batch: Batch) -> list[int]:
     return batch.row_lengths().groups()
 
 
-def widest_group(cfg) -> int:
-    """The widest group a run can sample, padded to :data:`BLOCK`: its longest prompt and
-    ``n_samples_per_prompt`` longest responses (the shared layout's row width when the body
-    is compiled)."""
-    longest = cfg.max_prompt_length + cfg.n_samples_per_prompt * cfg.max_generate_length
-    return -(-longest // BLOCK) * BLOCK
-
-
-def fit_rows(model, tokens: int | None) -> None:
-    """Keep the model's ``row_width`` (if any) within a micro-batch's token budget: a
-    micro-batch holds at least one row, so a row wider than the budget would take more memory
-    than it allows (a group longer than the rows then gets a row of its own width, as it did
-    alone)."""
-    width = getattr(model, "row_width", None)
-    if width and tokens is not None and tokens < width:
-        model.row_width = max(BLOCK, tokens // BLOCK * BLOCK)
-
-
 def group_rows(sizes: list[int]) -> list[range]:
     """The rows of each group, from :func:`prompt_groups`' sizes."""
     bounds = list(itertools.accumulate(sizes, initial=0))
@@ -98,20 +72,12 @@ def supports(model) -> bool:
 
 
 class Layout:
-    """A batch laid out in rows of groups: ``ids``, ``positions`` and ``segments`` (G, L)
-    (each row's prompts and responses numbered apart, -1 padding), ``owners`` (G, L) (the
-    segment of each column's prompt, -1 padding), and ``predictors`` (N,): for each sampled
-    response token in row-major order of ``batch.response_mask``, the flat index (into G x L)
-    of the hidden state that predicts it.
+    """A batch laid out one row per group: ``ids``, ``positions`` and ``segments`` (G, L)
+    (0 the prompt, i the group's i-th response, -1 padding), and ``predictors`` (N,): for
+    each sampled response token in row-major order of ``batch.response_mask``, the flat
+    index (into G x L) of the hidden state that predicts it."""
 
-    By default each group has a row of its own, as wide as the longest group (padded to
-    :data:`BLOCK`). With ``row_width`` the rows are that wide (widened for a longer group)
-    and hold as many groups as fit, first fit in the batch's order
-    (:func:`trainer.packing.pack_rows`): a compiled body then meets one width for a whole
-    run, where each new longest group's width would compile its layers again (7 s a width
-    on the 1.5B shape on an H200)."""
-
-    def __init__(self, batch: Batch, sizes: list[int], *, width_multiple: int = 1, row_width: int | None = None):
+    def __init__(self, batch: Batch, sizes: list[int], *, width_multiple: int = 1):
         device = batch.response_ids.device
         prompt_width = batch.prompt_ids.shape[1]
         response_width = batch.response_ids.shape[1]
@@ -119,41 +85,34 @@ class Layout:
         prompt_lengths, ends = lengths.prompt, lengths.ends
         if min(prompt_lengths) < 1:
             raise ValueError("a row has an empty prompt: nothing predicts its first response token")
-        groups = group_rows(sizes)
-        widths = [prompt_lengths[group[0]] + sum(ends[b] for b in group) for group in groups]
+        rows = group_rows(sizes)
+        widths = [prompt_lengths[group[0]] + sum(ends[b] for b in group) for group in rows]
         multiple = max(width_multiple, BLOCK)
-        width = -(-max([*widths, row_width or 0]) // multiple) * multiple
-        places = pack_rows(widths, width) if row_width else [(g, 0) for g in range(len(groups))]
-        count = 1 + max(row for row, _ in places)
-        flat_width = prompt_width + response_width  # of the flat (B, P + R) ids
-        source = torch.zeros(count, width, dtype=torch.long)  # padding reads flat index 0: any real id
-        positions = torch.zeros(count, width, dtype=torch.long)
-        segments = torch.full((count, width), -1, dtype=torch.int32)
-        owners = torch.full((count, width), -1, dtype=torch.int32)
-        next_segment = [0] * count
+        width = -(-max(widths) // multiple) * multiple
+        row_width = prompt_width + response_width  # of the flat (B, P + R) ids
+        source = torch.zeros(len(sizes), width, dtype=torch.long)  # padding reads flat index 0: any real id
+        positions = torch.zeros(len(sizes), width, dtype=torch.long)
+        segments = torch.full((len(sizes), width), -1, dtype=torch.int32)
         first = torch.empty(batch.size, dtype=torch.long)  # predicts response token 0: the prompt's last
         start = torch.empty(batch.size, dtype=torch.long)  # the column of response token 0
-        for group, group_width, (g, column) in zip(groups, widths, places):
-            prompt, owner = prompt_lengths[group[0]], next_segment[g]
-            source[g, column : column + prompt] = group[0] * flat_width + prompt_width - prompt + torch.arange(prompt)
-            positions[g, column : column + prompt] = torch.arange(prompt)
-            segments[g, column : column + prompt] = owner
-            owners[g, column : column + group_width] = owner
-            prompt_end = column + prompt
-            column = prompt_end
+        for g, group in enumerate(rows):
+            prompt = prompt_lengths[group[0]]
+            source[g, :prompt] = group[0] * row_width + prompt_width - prompt + torch.arange(prompt)
+            positions[g, :prompt] = torch.arange(prompt)
+            segments[g, :prompt] = 0
+            column = prompt
             for i, b in enumerate(group, start=1):
                 end = ends[b]
-                source[g, column : column + end] = b * flat_width + prompt_width + torch.arange(end)
+                source[g, column : column + end] = b * row_width + prompt_width + torch.arange(end)
                 positions[g, column : column + end] = prompt + torch.arange(end)
-                segments[g, column : column + end] = owner + i
-                first[b], start[b] = g * width + prompt_end - 1, g * width + column
+                segments[g, column : column + end] = i
+                first[b], start[b] = g * width + prompt - 1, g * width + column
                 column += end
-            next_segment[g] = owner + len(group) + 1
         flat = torch.cat([batch.prompt_ids, batch.response_ids], dim=1).reshape(-1)
         self.width = width
         # Built on the host, copied without waiting for the device's queue.
-        source, self.positions, self.segments, self.owners, first, start = (
-            host_to_device(t, device) for t in (source, positions, segments, owners, first, start))
+        source, self.positions, self.segments, first, start = (
+            host_to_device(t, device) for t in (source, positions, segments, first, start))
         self.ids = flat[source]
         predictors = start[:, None] - 1 + torch.arange(response_width, device=device)  # token j <- column j - 1
         predictors[:, 0] = first
@@ -169,7 +128,7 @@ class Layout:
         queries = keys[start:stop]
         key_segments = self.segments[:, None, :]  # (G, 1, L)
         return (keys[None, None, :] <= queries[None, :, None]) & (
-            (key_segments == self.segments[:, start:stop, None]) | (key_segments == self.owners[:, start:stop, None]))
+            (key_segments == 0) | (key_segments == self.segments[:, start:stop, None]))
 
     def block_mask(self):
         """The mask as a flex-attention ``BlockMask`` over blocks of :data:`BLOCK`."""
@@ -185,11 +144,11 @@ class Layout:
             seen, whole = tiles.any(dim=4).any(dim=2), tiles.all(dim=4).all(dim=2)
             partial.append(seen & ~whole)
             full.append(whole)
-        segments, owners = self.segments, self.owners
+        segments = self.segments
 
         def mask_mod(b, h, q, kv):
             key = segments[b, kv]
-            return (kv <= q) & ((key == segments[b, q]) | (key == owners[b, q]))
+            return (kv <= q) & ((key == 0) | (key == segments[b, q]))
 
         def indices(chosen):  # (G, Qb, Kb) bool -> counts (G, 1, Qb) and the chosen blocks first (G, 1, Qb, Kb)
             order = torch.argsort(chosen.to(torch.int8), dim=-1, descending=True, stable=True)
@@ -201,13 +160,11 @@ class Layout:
                                         mask_mod=mask_mod, seq_lengths=(self.width, self.width))
 
 
-def hidden(body, batch: Batch, sizes: list[int], *, width_multiple: int = 1, row_width: int | None = None,
-           mask: str = "auto") -> torch.Tensor:
+def hidden(body, batch: Batch, sizes: list[int], *, width_multiple: int = 1, mask: str = "auto") -> torch.Tensor:
     """(N, H) the body's last hidden states that predict each of the N sampled response tokens
-    (row-major over ``batch.response_mask``), from one forward over :class:`Layout`'s rows
-    (``row_width``: rows of that width, several groups each). ``mask``: 'flex', 'dense', or
-    'auto' (flex on CUDA)."""
-    layout = Layout(batch, sizes, width_multiple=width_multiple, row_width=row_width)
+    (row-major over ``batch.response_mask``), from one forward over :class:`Layout`'s rows.
+    ``mask``: 'flex', 'dense', or 'auto' (flex on CUDA)."""
+    layout = Layout(batch, sizes, width_multiple=width_multiple)
     if mask == "auto":
         mask = "flex" if layout.ids.is_cuda else "dense"
     attention_mask = layout.block_mask() if mask == "flex" else layout.dense_mask()

@@ -7,8 +7,7 @@ micro-batches (the loss is a sum over rows, so order does not change it), which
 keeps the padding each micro-batch computes on small; how many rows each takes is the
 run's :class:`trainer.packing.Packing` (a fixed count, or as many as its token budget
 holds at its longest row's width). With the prompt shared (``share_prompts``), what is
-sorted and cut is groups, each laid out as one row, or (a compiled body) as many to a row
-of the run's one width as fit (:func:`micro_units`). All of this is
+sorted and cut is groups, each laid out as one row (:func:`micro_units`). All of this is
 decided on the host from the rows' lengths, read from the device once a step
 (:class:`trainer.batch.RowLengths`): a micro-batch's cut, layout, forward and backward never
 wait for the GPU (``tests/test_shared_prompt.py`` checks it under torch's sync debug mode; the
@@ -48,27 +47,20 @@ from trainer.parallel import SINGLE, Group, replicated, trains_sharded
 TOKEN_SUMS = ("clip_frac", "kl", "ref_kl", "tis_weight", "entropy")  # per-token sums, averaged over all tokens
 
 
-def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int,
-                row_width: int | None = None) -> tuple[list[list[int]], list[int], int | None]:
-    """What micro-batches are cut from: units of rows that stay together, longest first, their
-    padded widths, and the row width the forward packs them into (None: a row each). A unit
-    is a row, or with ``share_prompts`` a run of rows that repeat a prompt, which the forward
-    lays out as prompt then responses (:mod:`trainer.shared_prompt`), a row each or, with
-    ``row_width``, as many a row as fit: their widths are then their own lengths (a unit
-    longer than the row width: its padded width, the width its micro-batch's rows take)."""
+def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int) -> tuple[list[list[int]], list[int]]:
+    """What micro-batches are cut from: units of rows that stay together, longest first, and
+    their padded widths. A unit is a row, or with ``share_prompts`` a run of rows that repeat a
+    prompt, which the forward lays out as one row of prompt and responses
+    (:mod:`trainer.shared_prompt`)."""
     rows = mini.row_lengths()
     sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
-    grouped = max(sizes) > 1
-    if grouped:
+    if max(sizes) > 1:
         width_multiple = max(width_multiple, shared_prompt.BLOCK)
     units = [list(group) for group in shared_prompt.group_rows(sizes)]
     lengths = [rows.prompt[unit[0]] + sum(rows.ends[row] for row in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
     widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
-    if not (grouped and row_width):
-        return [units[u] for u in order], widths, None
-    own = [lengths[u] if lengths[u] <= row_width else width for u, width in zip(order, widths)]
-    return [units[u] for u in order], own, row_width
+    return [units[u] for u in order], widths
 
 
 def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None,
@@ -91,7 +83,6 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         packing = plan_packing(cfg, model, optimizer, batch.prompt_ids.device)
     width_multiple = getattr(model, "width_multiple", 1)
     share_prompts = getattr(model, "share_prompts", False)
-    shared_prompt.fit_rows(model, packing.tokens)
     # Sums stay on the device until the end: a .item() per micro-batch would stall the GPU queue.
     sums = {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "kl": 0.0, "ref_kl": 0.0, "tis_weight": 0.0,
             "entropy": 0.0}
@@ -105,16 +96,14 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         # This rank's share of the mini-batch's totals (on one rank: the totals).
         tokens = group.sum_floats([float(sum(mini.row_lengths().sampled))])[0] / group.world
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
-        units, widths, row_width = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple,
-                                               row_width=getattr(model, "row_width", None))
+        units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple)
         grouped = any(len(unit) > 1 for unit in units)
         # In the units' order (one index copy), each micro-batch is a slice: units [u, u + size)
         # are rows [first_row[u], first_row[u + size]).
         ordered = mini.rows([row for unit in units for row in unit])
         first_row = list(itertools.accumulate((len(unit) for unit in units), initial=0))
         mini_loss, micro_start = 0.0, 0
-        for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None,
-                                      row_width=row_width):
+        for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None):
             micro = ordered.rows(slice(first_row[micro_start], first_row[micro_start + micro_size]))
             micro_start += micro_size
             mask = micro.response_mask  # (b, R)
