@@ -6,6 +6,9 @@ CUDA device has: captured decode graphs against eager steps, and bf16.
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 
@@ -202,6 +205,41 @@ def test_a_look_read_a_step_late_ends_the_rollout_where_the_flags_said(monkeypat
     assert late_steps == now_steps + 1 and (now_steps + 1) % CHECK_EVERY == 0  # one step past the look
     assert late.token_lists() == now.token_lists()
     assert torch.equal(late.logprobs, now.logprobs) and torch.equal(late.stopped, now.stopped)
+
+
+def test_the_compiled_finish_of_a_step_writes_the_step_state_in_place():
+    """The final norm, lm_head, draw and bookkeeping compiled as one graph equal the eager ops,
+    and write the step's column of the outputs in place: a buffer the size of the outputs would
+    be a copy of them at every step."""
+    from torch._inductor.utils import run_and_get_code
+
+    from trainer.rollout.static import _finish_step
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3), device="cpu", dtype="float32")
+    engine = engine_for(model, tokenizer, max_rows=6)
+    engine.generate(prompts_of(tokenizer, "1 2", "3"), SamplingParams(n=3, max_new_tokens=5, seed=0))
+    engine.stop_tensor = torch.arange(0, model.config.vocab_size, 2)  # some rows stop at this step, some not
+    b, mode = 6, (-1, False, False)
+    engine.done[:b] = torch.tensor([True, False, False, False, False, True])
+    generator = torch.Generator().manual_seed(0)
+    h, mlp = torch.randn(b, engine.hidden, generator=generator), torch.randn(b, engine.hidden, generator=generator)
+    noise = torch.empty(b, engine.vocab).exponential_(generator=generator)
+    state = ("out_tokens", "out_logprobs", "done", "tokens", "positions", "column", "out_index")
+    before = {name: getattr(engine, name).clone() for name in state}
+    _finish_step(engine, h, mlp, noise, mode, b)
+    eager = {name: getattr(engine, name).clone() for name in state}
+    for name in state:
+        getattr(engine, name).copy_(before[name])
+    _, codes = run_and_get_code(torch.compile(_finish_step, dynamic=False), engine, h, mlp, noise, mode, b)
+    for name in state:
+        torch.testing.assert_close(getattr(engine, name), eager[name], rtol=1e-5, atol=1e-5, msg=name)
+    written = int(before["out_index"])
+    assert (eager["out_tokens"][[0, 5], written] == engine.pad_id).all()  # done rows wrote padding
+    assert not torch.equal(eager["done"], before["done"]) and int(eager["out_index"]) == written + 1
+    shapes = [[int(n) for n in dims.split(",") if n.strip()]
+              for dims in re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", "\n".join(codes))]
+    assert shapes and all(math.prod(shape) < engine.out_tokens[:b].numel() for shape in shapes), shapes
 
 
 def test_chunks_smaller_than_the_batch_give_the_same_completions(policy):

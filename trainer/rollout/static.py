@@ -187,8 +187,7 @@ class StaticEngine(RolloutEngine):
         # Default mode: max-autotune's Triton GEMMs made a step at batch 128 slower on an H200
         # (1.62 against 1.33 ms, benchmarks/RESULTS.md); the engine captures its own graphs.
         self._layer_step = torch.compile(_decode_layer, dynamic=False) if compiled else _decode_layer
-        self._sample_step = torch.compile(_sample_last, dynamic=False) if compiled else _sample_last
-        self._logits_step = torch.compile(_last_logits, dynamic=False) if compiled else _last_logits
+        self._finish_step = torch.compile(_finish_step, dynamic=False) if compiled else _finish_step
 
     # -- construction -------------------------------------------------------------------------
 
@@ -476,26 +475,11 @@ class StaticEngine(RolloutEngine):
         for index, layer in enumerate(self.layers):
             h, mlp = self._layer_step(self, h, mlp, layer, self.attention.layer_cache(self.cache, index, b), cos, sin,
                                       context)
-        if self.fused_sampler and mode == PLAIN:
-            # Two light passes over the logits, one uniform a row from a seed the step advances.
-            token, logprob = fused_sampling.softmax_sample(self._logits_step(self, h, mlp), self.temperature,
-                                                           self.sample_seed)
-            self.sample_seed += 1
-        else:
-            # The noise is drawn outside the (maybe compiled) sampler: native RNG kernels advance
-            # their offset on each graph replay.
-            noise = None if greedy else torch.empty(
-                (b, top_k if 0 < top_k < self.vocab else self.vocab), device=self.device).exponential_()
-            token, logprob = self._sample_step(self, h, mlp, noise, mode)
-        done = self.done[:b]
-        token = torch.where(done, self.pad_id, token)
-        self.out_tokens[:b].index_copy_(1, self.out_index, token[:, None])
-        self.out_logprobs[:b].index_copy_(1, self.out_index, torch.where(done, 0.0, logprob)[:, None])
-        done |= torch.isin(token, self.stop_tensor)
-        self.tokens[:b] = token
-        self.positions[:b] += 1
-        self.column += 1
-        self.out_index += 1
+        # The noise is drawn outside the (maybe compiled) step: native RNG kernels advance their
+        # offset on each graph replay. The fused sampler keys its own from a seed the step advances.
+        noise = None if greedy or (self.fused_sampler and mode == PLAIN) else torch.empty(
+            (b, top_k if 0 < top_k < self.vocab else self.vocab), device=self.device).exponential_()
+        self._finish_step(self, h, mlp, noise, mode, b)
 
     def sleep(self) -> None:
         """The cache stays allocated: captured graphs hold its address (it was sized for that)."""
@@ -540,6 +524,29 @@ def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, c
     # output first (a copy a layer); past the view, the add is the norm kernel's prologue.
     h = h + (attended[:, None] @ layer.out.T)[:, 0]
     return h, _mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
+
+
+def _finish_step(engine: StaticEngine, h, mlp, noise, mode: tuple, b: int) -> None:
+    """The final norm, lm_head, the draw and its bookkeeping of one decode step for rows [0, b):
+    each row's token and log-prob (padding and 0 once it is done) written at ``out_index``, the
+    rows that drew a stop token marked done, the step state advanced. Compiled, the bookkeeping
+    is one or two kernels where eager ops take about a dozen a step."""
+    if engine.fused_sampler and mode == PLAIN:
+        # Two light passes over the logits, one uniform a row from a seed the step advances.
+        token, logprob = fused_sampling.softmax_sample(_last_logits(engine, h, mlp), engine.temperature,
+                                                       engine.sample_seed)
+        engine.sample_seed += 1
+    else:
+        token, logprob = _sample_last(engine, h, mlp, noise, mode)
+    done = engine.done[:b]
+    token = torch.where(done, engine.pad_id, token)
+    engine.out_tokens[:b].index_copy_(1, engine.out_index, token[:, None])
+    engine.out_logprobs[:b].index_copy_(1, engine.out_index, torch.where(done, 0.0, logprob)[:, None])
+    done |= torch.isin(token, engine.stop_tensor)
+    engine.tokens[:b] = token
+    engine.positions[:b] += 1
+    engine.column += 1
+    engine.out_index += 1
 
 
 def _last_logits(engine: StaticEngine, h, mlp):
