@@ -45,10 +45,7 @@ engine takes those two ideas and nothing else:
   between the qkv and out projections; elsewhere SDPA over every column with a mask.
 * **Stopping**: a row is done after its first stop token (the model's eos ids);
   done rows keep running with their outputs masked, and the host looks at the
-  done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token. On
-  CUDA a look is read one step after it is queued: the host then waits for a copy the
-  GPU made while the next step waits in its queue, so the GPU never runs dry at a look
-  (a rollout that ends there runs one step more, whose tokens are all padding).
+  done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token.
 * **Sampling** on the device (:mod:`trainer.rollout.sampling`): temperature,
   top-k, top-p, and each sampled token's log-prob under that distribution. On CUDA
   a temperature-only draw (the plain mode) goes through two Triton kernels instead
@@ -176,11 +173,6 @@ class StaticEngine(RolloutEngine):
         self.top_p = torch.ones(1, dtype=torch.float32, device=self.device)
         self.sample_seed = torch.zeros(1, dtype=torch.long, device=self.device)  # the fused sampler's, per step
         self.all_columns = torch.arange(self.columns, device=self.device)
-        # On CUDA a look at the done flags is copied into this pinned flag behind the queued steps
-        # and read one step later, while the GPU runs that step: reading at once emptied the GPU's
-        # queue at every look (an idle graph launch each, 32 a 512-token rollout). None: read at once.
-        self._done_flag = torch.empty((), dtype=torch.bool, pin_memory=True) if self.device.type == "cuda" \
-            else None
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         compiled = compile_step and self.device.type == "cuda"
@@ -344,15 +336,10 @@ class StaticEngine(RolloutEngine):
             # so the torch sampler's noise stays what the seed gave it before.
             self.sample_seed.fill_(int(torch.randint(0, 2**62, (1,))))
 
-        steps, look = 1, None
+        steps = 1
         while steps < params.max_new_tokens:
-            if steps % CHECK_EVERY == 0:
-                look = _DoneLook(self.done[:rows], steps, self._done_flag)
-            if look is not None and (look.step < steps or self._done_flag is None):
-                if look.all_done():  # rows done at the look stay done: the rollout ends there either way
-                    steps = look.step
-                    break
-                look = None
+            if steps % CHECK_EVERY == 0 and bool(self.done[:rows].all()):
+                break
             if self.cuda_graphs:
                 self.graphs[bucket, mode, self.share].replay()
             else:
@@ -483,28 +470,6 @@ class StaticEngine(RolloutEngine):
 
     def sleep(self) -> None:
         """The cache stays allocated: captured graphs hold its address (it was sized for that)."""
-
-
-class _DoneLook:
-    """Whether every row was done at decode step ``step``. With a pinned ``flag`` the answer is
-    copied there behind the work already queued and :meth:`all_done` waits for that copy only;
-    without one it is read at once."""
-
-    def __init__(self, done: torch.Tensor, step: int, flag: Optional[torch.Tensor]):
-        self.step = step
-        self.answer = done.all()
-        self.copied = None
-        if flag is not None:
-            flag.copy_(self.answer, non_blocking=True)
-            if self.answer.is_cuda:
-                self.copied = torch.cuda.Event()
-                self.copied.record()
-            self.answer = flag
-
-    def all_done(self) -> bool:
-        if self.copied is not None:
-            self.copied.synchronize()
-        return bool(self.answer)
 
 
 def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, context):
