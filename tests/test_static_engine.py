@@ -210,9 +210,14 @@ def test_the_compiled_finish_of_a_step_writes_the_step_state_in_place():
     written = int(before["out_index"])
     assert (eager["out_tokens"][[0, 5], written] == engine.pad_id).all()  # done rows wrote padding
     assert not torch.equal(eager["done"], before["done"]) and int(eager["out_index"]) == written + 1
-    shapes = [[int(n) for n in dims.split(",") if n.strip()]
-              for dims in re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", "\n".join(codes))]
+    shapes = allocated_shapes("\n".join(codes))
     assert shapes and all(math.prod(shape) < engine.out_tokens[:b].numel() for shape in shapes), shapes
+
+
+def allocated_shapes(code: str) -> list[list[int]]:
+    """The shapes of the buffers inductor's generated ``code`` allocates."""
+    return [[int(n) for n in dims.split(",") if n.strip()]
+            for dims in re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", code)]
 
 
 def test_chunks_smaller_than_the_batch_give_the_same_completions(policy):

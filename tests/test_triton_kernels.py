@@ -32,7 +32,7 @@ from trainer.rollout.fused_attention import fused_decode_attention, shared_rows
 from trainer.rollout.fused_sampling import softmax_sample
 from trainer.rollout.static import PLAIN, StaticEngine
 
-from test_static_engine import QWEN3_TINY, chi_square_p_value, sharpen
+from test_static_engine import QWEN3_TINY, allocated_shapes, chi_square_p_value, sharpen
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and split_kv.triton is not None
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1"),
@@ -326,8 +326,7 @@ def test_the_compiled_layer_step_writes_the_cache_in_place(device, name):
     torch.testing.assert_close(engine.cache, expected_cache, atol=1e-5, rtol=1e-5)  # the write reached the cache
     code = "\n".join(codes)
     layer_k = engine.cache[0, 0, :b].numel()
-    shapes = [[int(n) for n in dims.split(",") if n.strip()]
-              for dims in re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", code)]
+    shapes = allocated_shapes(code)
     assert shapes and all(math.prod(shape) < layer_k for shape in shapes), shapes
     # One addmm, the qkv projection's bias: a residual added through addmm is copied into its
     # output first (a copy a layer, 35 us a step at batch 128 on an H200).
