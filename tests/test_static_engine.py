@@ -214,6 +214,18 @@ def test_the_compiled_finish_of_a_step_writes_the_step_state_in_place():
     assert shapes and all(math.prod(shape) < engine.out_tokens[:b].numel() for shape in shapes), shapes
 
 
+def test_stop_ids_are_compared_without_a_sort_whatever_their_number():
+    """``is_stop`` marks what ``torch.isin`` marks, for a handful of eos ids as for half the vocabulary
+    (where ``isin`` would sort, which a CUDA graph capture refuses: the GPU test below replays it)."""
+    from trainer.rollout.static import is_stop
+
+    generator = torch.Generator().manual_seed(0)
+    token = torch.randint(0, 1000, (128,), generator=generator)
+    for stop_ids in (torch.tensor([7]), token[:3], torch.arange(0, 1000, 2), torch.tensor([-1])):
+        assert torch.equal(is_stop(token, stop_ids), torch.isin(token, stop_ids))
+    assert is_stop(token, torch.arange(0, 1000, 2)).any() and not is_stop(token, torch.tensor([-1])).any()
+
+
 def allocated_shapes(code: str) -> list[list[int]]:
     """The shapes of the buffers inductor's generated ``code`` allocates."""
     return [[int(n) for n in dims.split(",") if n.strip()]
@@ -300,6 +312,25 @@ def test_graph_replays_equal_eager_steps(cuda_policy, dtype, compiled):
     assert graphs.generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=8)).token_lists() \
         != first.token_lists()
     assert torch.isfinite(first.logprobs).all()
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
+def test_a_large_stop_set_is_captured_and_replayed(cuda_policy, compiled):
+    # Half the vocabulary as stop ids: torch.isin would sort a set this large, and the capture of
+    # the decode graph refused the sort (cudaErrorStreamCaptureUnsupported).
+    model, tokenizer = cuda_policy
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7? Think.")
+    args = dict(device="cuda", dtype=torch.float32, max_rows=64, max_columns=96, compile_step=compiled)
+    eager = StaticEngine(model, tokenizer, cuda_graphs=False, **args)
+    graphs = StaticEngine(model, tokenizer, cuda_graphs=True, **args)
+    for engine in (eager, graphs):
+        engine.stop_tensor = torch.arange(1, model.config.vocab_size, 2, device="cuda")
+    greedy = SamplingParams(n=2, max_new_tokens=40, temperature=0.0)
+    ours = graphs.generate(prompts, greedy)
+    assert ours.token_lists() == eager.generate(prompts, greedy).token_lists()
+    assert len(graphs.graphs) >= 1 and ours.stopped.all()  # the decode graph ran until every row stopped
 
 
 @pytest.mark.gpu
