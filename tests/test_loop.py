@@ -150,6 +150,53 @@ def test_startup_phases_add_up_per_name():
     assert "test phase" in startup.describe(1.0)
 
 
+def test_a_run_warms_the_compile_workers_only_where_it_compiles():
+    from trainer import startup
+    from trainer.config import TrainerConfig
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects: nothing touches CUDA
+    assert startup.compiles(TrainerConfig(), cuda)  # the update's body and the log-prob chunks
+    assert not startup.compiles(TrainerConfig(), cpu)
+    uncompiled = TrainerConfig(enforce_eager=True, compile_update=False, fused_logprobs=False)
+    assert not startup.compiles(uncompiled, cuda)
+    assert startup.compiles(attrs.evolve(uncompiled, enforce_eager=False), cuda)  # the decode step
+    assert not startup.compiles(attrs.evolve(uncompiled, enforce_eager=False, compile_decode=False), cuda)
+    assert startup.compiles(attrs.evolve(uncompiled, fused_logprobs=True), cuda)
+
+
+@pytest.mark.parametrize("compiles, events", [(True, ["warm", "build"]), (False, ["build"])])
+def test_set_up_warms_the_compile_workers_before_the_model_builds(tmp_path, monkeypatch, compiles, events):
+    """The pool itself is the next test's; here, that set_up starts it first, and only for a run
+    that compiles (``startup.compiles`` is False on this CPU, so it is made to answer)."""
+    import io
+
+    import trainer.setup
+    from trainer import startup
+    from trainer.config import TrainerConfig
+    from trainer.parallel import SINGLE
+
+    seen, build = [], trainer.setup.load_model_and_tokenizer
+    monkeypatch.setattr(startup, "compiles", lambda cfg, device: compiles)
+    monkeypatch.setattr(startup, "warm_compile_workers", lambda: seen.append("warm"))
+    monkeypatch.setattr(trainer.setup, "load_model_and_tokenizer",
+                        lambda *args, **kwargs: seen.append("build") or build(*args, **kwargs))
+    torch.set_num_threads(1)
+    trainer.setup.set_up(TrainerConfig(max_steps=1), SINGLE, ckpt_dir=tmp_path / "ckpt",
+                         metrics_path=tmp_path / "metrics.jsonl", stdout=None, stderr=io.StringIO())
+    assert seen == events
+
+
+@pytest.mark.parametrize("switch, pools", [("1", "1"), ("0", "0")])
+def test_warming_the_compile_workers_starts_inductors_pool_unless_switched_off(switch, pools):
+    code = ("from trainer import startup; startup.warm_compile_workers(); "
+            "from torch._inductor.async_compile import AsyncCompile; "
+            "print(AsyncCompile.process_pool.cache_info().currsize)")
+    env = {**os.environ, "TORCH_WARM_POOL": switch, "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == pools, result.stdout
+
+
 def test_final_checkpoint_and_export(learning_run):
     workdir, _ = learning_run
     ckpt = workdir / "ckpt"

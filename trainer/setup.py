@@ -31,7 +31,7 @@ from typing import Any, Optional, TextIO
 import attrs
 import torch
 
-from trainer import checkpoint, parallel, shared_prompt
+from trainer import checkpoint, parallel, shared_prompt, startup
 from trainer.config import ConfigError, TrainerConfig
 from trainer.data import PromptSampler
 from trainer.distill import Teacher
@@ -101,6 +101,8 @@ def set_up(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir: Path, metrics
               file=stderr)
 
     device = resolve_device(cfg)
+    if startup.compiles(cfg, device):
+        startup.warm_compile_workers()  # they come up while the model builds
     precision = Precision.for_run(cfg, device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

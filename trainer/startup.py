@@ -7,6 +7,9 @@ process timed with :func:`phase`; :func:`summary` adds what dynamo says it spent
 (which overlaps the phases: a capture's warm-up steps compile the decode step) and the
 number of graphs it compiled. The loop prints the summary after the first step;
 ``benchmarks/bench_trainer.py`` reports it.
+
+:func:`warm_compile_workers` starts inductor's compile workers before the model builds, so
+that their start overlaps the build instead of the run's first compile.
 """
 
 from __future__ import annotations
@@ -28,6 +31,30 @@ def phase(name: str):
     finally:
         LEDGER[name] += time.perf_counter() - started
         COUNTS[name] += 1
+
+
+def compiles(cfg, device) -> bool:
+    """Whether this run will ``torch.compile`` anything: only on CUDA, where the update's body,
+    the fused log-prob chunks and (outside eager mode) the decode step are compiled."""
+    return device.type == "cuda" and (cfg.compile_update or cfg.fused_logprobs
+                                      or (cfg.compile_decode and not cfg.enforce_eager))
+
+
+def warm_compile_workers() -> None:
+    """Start inductor's pool of compile worker processes now.
+
+    Inductor starts it itself at a run's first compile, whose Triton kernels then wait for the
+    workers to come up. Started before the model builds, the workers come up meanwhile: on an
+    H200 the cold first step of the 0.5B shape took 32.9 and 33.0 s against 34.8 and 35.7 s, the
+    process 68.8 and 72.8 s against 74.4 and 76.3 s (two runs each, alternated; ``benchmarks/
+    RESULTS.md``). Importing inductor (about 5 s there) moves with it from the first step into the
+    build: compare the two together across this change. With a warm cache it changes only when the
+    pool starts: inductor starts it at every run's first compile, cache hits included.
+    ``TORCH_WARM_POOL=0`` (inductor's own switch) turns both off.
+    """
+    from torch._inductor.async_compile import maybe_warm_pool
+
+    maybe_warm_pool()
 
 
 def compile_seconds() -> tuple[float, int]:
