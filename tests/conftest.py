@@ -112,6 +112,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         group = "slurm" if on_slurm(item) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+    # The SLURM tests that run beside others go last, so that those that run alone make one row:
+    # the other worker then waits for one row, and the SLURM worker for its lock once.
+    items.sort(key=lambda item: on_slurm(item) and not runs_alone(item))
 
 
 def runs_alone(item) -> bool:
