@@ -160,15 +160,30 @@ def test_kernel_kinds_tell_gemms_attention_and_compiled_kernels_apart():
 def test_an_ab_verdict_calls_a_difference_only_when_the_steps_cannot_give_it_by_chance():
     verdict = _load("bench_ab").verdict
     assert "too few to tell" in verdict([1.0, 1.01], [0.9, 0.91])  # 2 and 2 steps split so 1 time in 3
-    assert "new faster at every step (4 and 4 steps; by chance 2.9%)" in verdict([1.0, 1.01, 1.02, 1.0],
-                                                                                 [0.9, 0.91, 0.92, 0.9])
-    assert "new slower at every step" in verdict([1.0] * 4, [1.1, 1.2, 1.3, 1.4])
+    assert "new faster at every one (4 and 4 steps; by chance 2.9%)" in verdict([1.0, 1.01, 1.02, 1.0],
+                                                                                [0.9, 0.91, 0.92, 0.9])
+    assert "new slower at every one" in verdict([1.0] * 4, [1.1, 1.2, 1.3, 1.4])
     assert "inside the noise" in verdict([1.0, 1.01, 1.02, 1.0], [0.9, 1.005, 0.92, 0.9])
+    assert "(3 and 3 runs)" in verdict([30.0, 31.0, 33.0], [29.0, 32.0, 34.0], counted="runs")
+
+
+def test_an_ab_start_is_the_build_and_the_first_step_together():
+    """A change that moves work from the first step into the build (or back) shows in neither alone."""
+    start = _load("bench_ab").start_seconds
+    assert start({"first_step_s": 30.0, "startup": {"phases": {"build": {"seconds": 5.0, "count": 1}}}}) == 35.0
+    assert start({"first_step_s": 30.0, "startup": {"phases": {}}}) == 30.0  # a run that timed no build
+
+
+def test_ab_rounds_alternate_which_tree_goes_first():
+    order = _load("bench_ab").round_order
+    trees = {"base": "b", "new": "n"}
+    assert [order(trees, r) for r in range(4)] == [["base", "new"], ["new", "base"]] * 2
 
 
 def test_ab_runs_the_base_trees_trainer_and_this_ones_in_turn(tmp_path):
-    """Both runs of the tiny shape on the CPU, the base a copy of this checkout's benchmarks and
-    trainer (a tree of its own): each runs its own tree's code, and the verdict line follows."""
+    """A cold round of the tiny shape on the CPU, the base a copy of this checkout's benchmarks and
+    trainer (a tree of its own): each runs its own tree's code, and the verdicts of the steps, the
+    starts and the processes follow."""
     import shutil
 
     root = BENCHMARKS.parent
@@ -180,14 +195,17 @@ def test_ab_runs_the_base_trees_trainer_and_this_ones_in_turn(tmp_path):
     run = subprocess.run(
         [sys.executable, str(BENCHMARKS / "bench_ab.py"), "--base", str(base), "--model", "tiny-random",
          "--prompts", "2", "--samples", "2", "--prompt-length", "16", "--generate-length", "8", "--steps", "3",
-         "--device", "cpu", "--logs", str(tmp_path / "logs")], capture_output=True, text=True, timeout=300,
+         "--cold", "--device", "cpu", "--logs", str(tmp_path / "logs")], capture_output=True, text=True, timeout=300,
         env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "the base tree" in (tmp_path / "logs" / "tiny-random-base-1.err").read_text()
     assert "the base tree" not in (tmp_path / "logs" / "tiny-random-new-1.err").read_text()
     lines = run.stdout.splitlines()
-    assert lines[1].startswith("  base ") and lines[2].startswith("  new ") and "(cold cache)" in lines[1]
-    assert lines[3].startswith("  new / base ") and "2 and 2 steps" in lines[3]
+    assert lines[1].startswith("  base ") and lines[2].startswith("  new ")
+    assert all("(cold cache)" in line and " start " in line and " process " in line for line in lines[1:3])
+    assert lines[3].startswith("  steps: new / base ") and "2 and 2 steps" in lines[3]
+    assert lines[4].startswith("  cold starts: new / base ") and "1 and 1 runs" in lines[4]
+    assert lines[5].startswith("  cold processes: new / base ") and "1 and 1 runs" in lines[5]
     missing = subprocess.run([sys.executable, str(BENCHMARKS / "bench_ab.py"), "--base", str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no benchmarks/bench_trainer.py there" in missing.stderr
