@@ -47,8 +47,10 @@ def warm_compile_workers() -> None:
     workers to come up. Started before the model builds, the workers come up meanwhile: on an
     H200 the cold first step of the 0.5B shape took 32.9 and 33.0 s against 34.8 and 35.7 s, the
     process 68.8 and 72.8 s against 74.4 and 76.3 s (two runs each, alternated; ``benchmarks/
-    RESULTS.md``). Importing inductor (about 5 s there) moves with it from the first step into the
-    build: compare the two together across this change. With a warm cache it changes only when the
+    RESULTS.md``). From the trainer's call site (an H100, two runs a side) its first steps, 33.7 and
+    31.2 s against 32.2 and 34.4 s, showed no difference either way; those runs did not time the
+    build. Importing inductor (about 5 s there) moves with it from the first step into the build:
+    compare the two together across this change (``benchmarks/bench_ab.py --cold`` does). With a warm cache it changes only when the
     pool starts: inductor starts it at every run's first compile, cache hits included.
     ``TORCH_WARM_POOL=0`` (inductor's own switch) turns both off.
     """
