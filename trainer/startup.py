@@ -50,8 +50,9 @@ def warm_compile_workers() -> None:
     RESULTS.md``). From the trainer's call site (an H100, two runs a side) its first steps, 33.7 and
     31.2 s against 32.2 and 34.4 s, showed no difference either way; those runs did not time the
     build. Importing inductor (about 5 s there) moves with it from the first step into the build:
-    compare the two together across this change (``benchmarks/bench_ab.py --cold`` does). With a warm cache it changes only when the
-    pool starts: inductor starts it at every run's first compile, cache hits included.
+    compare the two together across this change (``benchmarks/bench_ab.py --cold`` does). With a
+    warm cache it changes only when the pool starts: inductor starts it at every run's first
+    compile, cache hits included.
     ``TORCH_WARM_POOL=0`` (inductor's own switch) turns both off.
     """
     from torch._inductor.async_compile import maybe_warm_pool
