@@ -151,23 +151,24 @@ def test_startup_phases_add_up_per_name():
 
 
 def test_a_run_warms_the_compile_workers_only_where_it_compiles():
-    from trainer import startup
     from trainer.config import TrainerConfig
+    from trainer.setup import compiles
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects: nothing touches CUDA
-    assert startup.compiles(TrainerConfig(), cuda)  # the update's body and the log-prob chunks
-    assert not startup.compiles(TrainerConfig(), cpu)
+    assert compiles(TrainerConfig(), cuda)  # the update's body and the log-prob chunks
+    assert not compiles(TrainerConfig(), cpu)
     uncompiled = TrainerConfig(enforce_eager=True, compile_update=False, fused_logprobs=False)
-    assert not startup.compiles(uncompiled, cuda)
-    assert startup.compiles(attrs.evolve(uncompiled, enforce_eager=False), cuda)  # the decode step
-    assert not startup.compiles(attrs.evolve(uncompiled, enforce_eager=False, compile_decode=False), cuda)
-    assert startup.compiles(attrs.evolve(uncompiled, fused_logprobs=True), cuda)
+    assert not compiles(uncompiled, cuda)
+    assert compiles(attrs.evolve(uncompiled, enforce_eager=False), cuda)  # the decode step
+    assert not compiles(attrs.evolve(uncompiled, enforce_eager=False, compile_decode=False), cuda)
+    assert compiles(attrs.evolve(uncompiled, fused_logprobs=True), cuda)
+    assert not compiles(TrainerConfig(), cuda, world=2)  # the sharded policy runs uncompiled, decode eager
 
 
 @pytest.mark.parametrize("compiles, events", [(True, ["warm", "build"]), (False, ["build"])])
 def test_set_up_warms_the_compile_workers_before_the_model_builds(tmp_path, monkeypatch, compiles, events):
     """The pool itself is the next test's; here, that set_up starts it first, and only for a run
-    that compiles (``startup.compiles`` is False on this CPU, so it is made to answer)."""
+    that compiles (``trainer.setup.compiles`` is False on this CPU, so it is made to answer)."""
     import io
 
     import trainer.setup
@@ -176,7 +177,7 @@ def test_set_up_warms_the_compile_workers_before_the_model_builds(tmp_path, monk
     from trainer.parallel import SINGLE
 
     seen, build = [], trainer.setup.load_model_and_tokenizer
-    monkeypatch.setattr(startup, "compiles", lambda cfg, device: compiles)
+    monkeypatch.setattr(trainer.setup, "compiles", lambda cfg, device, world: compiles)
     monkeypatch.setattr(startup, "warm_compile_workers", lambda: seen.append("warm"))
     monkeypatch.setattr(trainer.setup, "load_model_and_tokenizer",
                         lambda *args, **kwargs: seen.append("build") or build(*args, **kwargs))

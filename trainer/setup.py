@@ -101,7 +101,7 @@ def set_up(cfg: TrainerConfig, group: parallel.Group, *, ckpt_dir: Path, metrics
               file=stderr)
 
     device = resolve_device(cfg)
-    if startup.compiles(cfg, device):
+    if compiles(cfg, device, world=group.world):
         startup.warm_compile_workers()  # they come up while the model builds
     precision = Precision.for_run(cfg, device)
     random.seed(cfg.seed)
@@ -221,6 +221,18 @@ def run_info(cfg, *, device, precision, backend, total_steps, resumed_from, iner
         "inert_knobs": inert,
         "config": attrs.asdict(cfg),  # TrainerConfig.to_dict passes an argument attrs 26 lacks
     }
+
+
+#: The knobs under which a run ``torch.compile``s something: the update's body, the fused
+#: log-prob chunks, the decode step.
+COMPILE_KNOBS = ("compile_update", "fused_logprobs", "compile_decode")
+
+
+def compiles(cfg, device: torch.device, *, world: int = 1) -> bool:
+    """Whether this run will ``torch.compile`` anything: a compile knob that is on and not inert
+    (:func:`inert_knobs`, asked before the model exists: the backend as configured)."""
+    inert = inert_knobs(cfg, device, world=world)
+    return any(getattr(cfg, key) and key not in inert for key in COMPILE_KNOBS)
 
 
 def inert_knobs(cfg, device: torch.device, *, backend: str | None = None, world: int = 1) -> dict:

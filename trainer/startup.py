@@ -33,13 +33,6 @@ def phase(name: str):
         COUNTS[name] += 1
 
 
-def compiles(cfg, device) -> bool:
-    """Whether this run will ``torch.compile`` anything: only on CUDA, where the update's body,
-    the fused log-prob chunks and (outside eager mode) the decode step are compiled."""
-    return device.type == "cuda" and (cfg.compile_update or cfg.fused_logprobs
-                                      or (cfg.compile_decode and not cfg.enforce_eager))
-
-
 def warm_compile_workers() -> None:
     """Start inductor's pool of compile worker processes now.
 
