@@ -12,7 +12,8 @@ first column: a step late in a long decode attends to more columns and takes lon
 
 ``--samples 4`` decodes batch / 4 prompts four times each, as a GRPO step does, and
 ``--share on off`` times the fused attention reading each prompt's columns once for its
-samples against once a row. ``--profile`` also prints how busy the device was over
+samples against once a row, and ``--pdl on off`` the engine's kernels with programmatic
+dependent launch against without. ``--profile`` also prints how busy the device was over
 back-to-back replays of the step (kernel time against the gaps between kernels).
 
 Variants: ``hf`` (transformers generate), ``static-eager`` (enforce_eager=True),
@@ -70,6 +71,9 @@ def parse_args(argv=None):
     parser.add_argument("--blas", nargs="+", default=["default"], choices=["default", "cublas", "cublaslt"],
                         help="torch's BLAS library for the GEMMs (torch.backends.cuda.preferred_blas_library); "
                              "each static variant runs with each")
+    parser.add_argument("--pdl", nargs="+", default=["auto"], choices=["auto", "on", "off"],
+                        help="programmatic dependent launch for the static engine's kernels (auto: where it runs; "
+                             "each value runs)")
     return parser.parse_args(argv)
 
 
@@ -78,14 +82,15 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto", share="on"):
+def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto", share="on",
+         pdl="auto"):
     if variant == "hf":
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
                         compile_step=variant == "static-compiled", attention=attention,
                         fused_sampler={"auto": None, "fused": True, "torch": False}[sampler],
-                        share_prompts=share == "on")
+                        share_prompts=share == "on", pdl={"auto": None, "on": True, "off": False}[pdl])
 
 
 def step_ms(engine, rows, device):
@@ -125,11 +130,11 @@ def main(argv=None) -> int:
     results = []
     print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
-    runs = [(v, None, None, "default", 1, "on") if v == "hf" else (v, a, f, blas, n, share) for v in args.variants
-            for a in args.attention for f in args.sampler for blas in args.blas for n in args.samples
-            for share in args.share]
+    runs = [(v, None, None, "default", 1, "on", "auto") if v == "hf" else (v, a, f, blas, n, share, pdl)
+            for v in args.variants for a in args.attention for f in args.sampler for blas in args.blas
+            for n in args.samples for share in args.share for pdl in args.pdl]
     default_blas = torch.backends.cuda.preferred_blas_library() if device.type == "cuda" else None
-    for variant, attention, sampler, blas, samples, share in dict.fromkeys(runs):
+    for variant, attention, sampler, blas, samples, share, pdl in dict.fromkeys(runs):
         if device.type == "cuda":
             torch.backends.cuda.preferred_blas_library(default_blas if blas == "default" else blas)
         for batch in args.batch:
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
             try:
                 built = time.perf_counter()
                 engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto",
-                              sampler or "auto", share)
+                              sampler or "auto", share, pdl)
                 engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
                 if variant != "hf":
                     engine.stop_tensor = torch.tensor([-1], device=device)
@@ -162,6 +167,7 @@ def main(argv=None) -> int:
                     f"{variant}/{engine.attention.name}/{'fused' if engine.fused_sampler else 'torch'}"
                 label += "" if blas == "default" else f"/{blas}"
                 label += "" if samples == 1 else f"/n{samples}" + ("" if engine.share_prompts else "/unshared")
+                label += "/pdl" if engine.pdl else ""
                 row = {"variant": label, "batch": batch, "seconds": seconds, "tokens": tokens,
                        "tokens_per_s": tokens / seconds, "setup_s": setup_s,
                        "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}
@@ -186,14 +192,14 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-    print(f"\n{'variant':<32}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
+    print(f"\n{'variant':<40}{'batch':>6}{'s':>8}{'tok/s':>10}{'step ms':>9}{'sync ms':>9}{'setup s':>9}")
     for row in results:
         if "error" in row:
-            print(f"{row['variant']:<32}{row['batch']:>6}  error: {row['error'][:80]}")
+            print(f"{row['variant']:<40}{row['batch']:>6}  error: {row['error'][:80]}")
             continue
         step = f"{row['step_ms']:.2f}" if row.get("step_ms") else "-"
         syncs = f"{row['sync_ms']:.2f}" if row.get("sync_ms") is not None else "-"
-        print(f"{row['variant']:<32}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
+        print(f"{row['variant']:<40}{row['batch']:>6}{row['seconds']:>8.2f}{row['tokens_per_s']:>10.0f}"
               f"{step:>9}{syncs:>9}{row['setup_s']:>9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -287,6 +287,13 @@ def test_an_unsupported_architecture_is_refused_by_name():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def test_programmatic_dependent_launch_only_where_it_runs(policy):
+    model, tokenizer = policy
+    assert engine_for(model, tokenizer).pdl is False  # auto: not on the CPU
+    with pytest.raises(BackendUnavailable, match="pdl=True needs compiled Triton on a CUDA device"):
+        engine_for(model, tokenizer, pdl=True)
+
+
 @pytest.fixture(scope="module")
 def cuda_policy():
     model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device="cuda",
@@ -312,6 +319,25 @@ def test_graph_replays_equal_eager_steps(cuda_policy, dtype, compiled):
     assert graphs.generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=8)).token_lists() \
         != first.token_lists()
     assert torch.isfinite(first.logprobs).all()
+
+
+@pytest.mark.gpu
+@cuda
+def test_programmatic_dependent_launch_changes_no_token_nor_logprob(cuda_policy):
+    """PDL changes when a kernel's programs launch, not what they compute: the compiled, captured
+    step gives the same tokens and log-probs bit for bit with it and without it."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9 or more")
+    model, tokenizer = cuda_policy
+    prompts = prompts_of(tokenizer, "Tom has 3 apples", "x", "What is 12 times 7? Think.")
+    args = dict(device="cuda", dtype=torch.bfloat16, max_rows=64, max_columns=96, cuda_graphs=True,
+                compile_step=True)
+    engines = [StaticEngine(model, tokenizer, pdl=pdl, **args) for pdl in (False, True)]
+    assert [engine.pdl for engine in engines] == [False, True]
+    sampled = SamplingParams(n=4, max_new_tokens=40, temperature=1.0, seed=7)
+    without, with_pdl = (engine.generate(prompts, sampled) for engine in engines)
+    assert with_pdl.token_lists() == without.token_lists()
+    assert torch.equal(with_pdl.logprobs, without.logprobs)
 
 
 @pytest.mark.gpu

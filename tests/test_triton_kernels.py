@@ -461,27 +461,37 @@ def test_an_engine_asked_for_split_kv_where_it_cannot_run_says_so():
 @pytest.mark.skipif(INTERPRETED, reason="the interpreter replaces the compiler")
 def test_the_kernels_compile_for_an_sm90_gpu_without_one():
     """Triton's own compiler and ptxas, for an H100/H200 target: a kernel that the GPU would
-    refuse to build fails here, in CI, rather than on a cluster's first step."""
+    refuse to build fails here, in CI, rather than on a cluster's first step. Each kernel is
+    built with and without programmatic dependent launch; with it, its PTX waits for the
+    previous kernel and releases the next."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from trainer.rollout import fused_attention, fused_sampling
 
-    def build(fn, signature, constexprs, num_warps):
+    def build(fn, signature, constexprs, num_warps, pdl=False):
+        constexprs = constexprs | {"PDL": pdl}
         source = ASTSource(fn=fn, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs)
-        kernel = split_kv.triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+        kernel = split_kv.triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                         options={"num_warps": num_warps, "launch_pdl": pdl})
         assert kernel.asm["cubin"], fn.__name__
+        ptx = kernel.asm["ptx"]
+        assert (("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
+                and kernel.metadata.launch_pdl == pdl), (fn.__name__, pdl)
 
     strides = dict.fromkeys(("q_sb", "q_sh", "q_sg", "k_sb", "k_sh", "k_sc", "v_sb", "v_sh", "v_sc"), "i32")
-    for dtype, upcast, precision in (("*bf16", False, "tf32"), ("*fp32", True, "ieee")):
+    for dtype, upcast, precision, pdl in (("*bf16", False, "tf32", False), ("*fp32", True, "ieee", False),
+                                          ("*bf16", False, "tf32", True)):
         build(split_kv._split_kernel,
               dict(q_ptr=dtype, k_ptr=dtype, v_ptr=dtype, first_ptr="*i64", column_ptr="*i64", partial_ptr="*fp32",
                    lse_ptr="*fp32", **strides, scale="fp32", columns="i32"),
               dict(UPCAST=upcast, PRECISION=precision, GROUP=7, GROUP_TILE=16, D=64, SPLIT=split_kv.SPLIT,
-                   SKIP_EMPTY=True), split_kv.NUM_WARPS)
-    build(split_kv._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
-                                        column_ptr="*i64", splits="i32"),
-          dict(SPLIT=split_kv.SPLIT, D=64, SPLITS_TILE=8), 1)
+                   SKIP_EMPTY=True), split_kv.NUM_WARPS, pdl)
+    for pdl in (False, True):
+        build(split_kv._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
+                                            column_ptr="*i64", splits="i32"),
+              dict(SPLIT=split_kv.SPLIT, D=64, SPLITS_TILE=8), 1, pdl)
+
     def fused_signature(dtype):
         return dict(qkv_ptr=dtype, qkv_sb="i32", cos_ptr=dtype, sin_ptr=dtype, cs_sb="i32", q_norm_ptr=dtype,
                     k_norm_ptr=dtype, eps="fp32", cache_ptr=dtype, c_skv="i32", c_sb="i32", c_sh="i32", c_sc="i32",
@@ -496,19 +506,22 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
                            D=64, SPLIT=split_kv.SPLIT, HAS_NORM=norm, SHARE=share, SHARED_TILE=shared_tile),
                       split_kv.NUM_WARPS)
     for d, (split, num_warps) in fused_attention.TILES.items():  # the tile the engine takes at each head dim
-        build(fused_attention._fused_kernel, fused_signature("*bf16"),
-              dict(UPCAST=False, PRECISION="tf32", Q_HEADS=12, KV_HEADS=2, GROUP=6, GROUP_TILE=16, D=d, SPLIT=split,
-                   HAS_NORM=False, SHARE=4, SHARED_TILE=32), num_warps)
+        for pdl in (False, True):
+            build(fused_attention._fused_kernel, fused_signature("*bf16"),
+                  dict(UPCAST=False, PRECISION="tf32", Q_HEADS=12, KV_HEADS=2, GROUP=6, GROUP_TILE=16, D=d,
+                       SPLIT=split, HAS_NORM=False, SHARE=4, SHARED_TILE=32), num_warps, pdl)
         build(split_kv._merge_kernel, dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16", first_ptr="*i64",
                                             column_ptr="*i64", splits="i32"),
               dict(SPLIT=split, D=d, SPLITS_TILE=16), 1)
     tiles = dict(SPAN=fused_sampling.SPAN, BLOCK=fused_sampling.BLOCK)
-    build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
-                                            rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8)
-    build(fused_sampling._pick_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
-                                            seed_ptr="*i64", stats_ptr="*fp32", tokens_ptr="*i64",
-                                            logprobs_ptr="*fp32", rows="i32", vocab="i32", parts="i32"),
-          dict(ROWS=1, PARTS_TILE=32, **tiles), 8)
+    for pdl in (False, True):
+        build(fused_sampling._span_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
+                                                rows="i32", vocab="i32", stats_ptr="*fp32"), dict(ROWS=1, **tiles), 8,
+              pdl)
+        build(fused_sampling._pick_kernel, dict(logits_ptr="*bf16", row_stride="i32", temperature_ptr="*fp32",
+                                                seed_ptr="*i64", stats_ptr="*fp32", tokens_ptr="*i64",
+                                                logprobs_ptr="*fp32", rows="i32", vocab="i32", parts="i32"),
+              dict(ROWS=1, PARTS_TILE=32, **tiles), 8, pdl)
 
 
 @pytest.mark.skipif(split_kv.triton is None, reason="Triton is not installed")

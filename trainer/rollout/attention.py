@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from trainer import names
 from trainer.rollout import fused_attention  # (importing it registers torch.ops.trainer.fused_decode_attention)
 # Registers torch.ops.trainer.split_kv_decode (benchmarks/bench_decode_attention.py imports the op from here).
-from trainer.rollout.split_kv import split_kv_decode, triton, triton_runs_on  # noqa: F401
+from trainer.rollout.split_kv import pdl_runs_on, split_kv_decode, triton, triton_runs_on  # noqa: F401
 
 
 class UnfusedDecode:
@@ -86,12 +86,12 @@ class SplitKvDecode(UnfusedDecode):
 
     @staticmethod
     def prepare(engine, b: int):
-        return engine.first_column[:b], engine.column
+        return engine.first_column[:b], engine.column, engine.pdl
 
     @staticmethod
     def attend(q, cache_k, cache_v, context):
-        first_column, column = context
-        return torch.ops.trainer.split_kv_decode(q, cache_k, cache_v, first_column, column)
+        first_column, column, pdl = context
+        return torch.ops.trainer.split_kv_decode(q, cache_k, cache_v, first_column, column, pdl=pdl)
 
 
 class FusedDecode:
@@ -111,16 +111,16 @@ class FusedDecode:
     @staticmethod
     def prepare(engine, b: int):
         return engine.first_column[:b], engine.column, engine.shared_end, engine.share, \
-            fused_attention.tile_for(engine.head_dim)
+            fused_attention.tile_for(engine.head_dim), engine.pdl
 
     @staticmethod
     def decode(engine, layer, qkv, cache, cos, sin, context):
-        first_column, column, shared_end, share, (split, num_warps) = context
+        first_column, column, shared_end, share, (split, num_warps), pdl = context
         b = qkv.shape[0]
         attended = torch.ops.trainer.fused_decode_attention(
             qkv, cos.reshape(b, -1), sin.reshape(b, -1), cache, first_column, column,
             layer.q_norm, layer.k_norm, engine.eps, engine.q_heads, split=split, num_warps=num_warps,
-            shared_end=shared_end, share=share)
+            shared_end=shared_end, share=share, pdl=pdl)
         return attended.reshape(b, -1)
 
 

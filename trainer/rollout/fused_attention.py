@@ -39,7 +39,7 @@ from trainer.rollout.split_kv import (MIN_GROUP_TILE, NUM_WARPS, SPLIT, _interpr
 if triton is not None:
     import triton.language as tl
 
-    from trainer.rollout.split_kv import _holds_columns
+    from trainer.rollout.split_kv import _holds_columns, after_previous
 
 
 MAX_SHARED_TILE = 64  # query heads in one shared program's tile (share x group, rounded up to a power of two)
@@ -74,7 +74,8 @@ def fused_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
                            first_column: torch.Tensor, column: torch.Tensor,
                            q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
                            eps: float, q_heads: int, split: int = SPLIT, num_warps: int = NUM_WARPS,
-                           shared_end: Optional[torch.Tensor] = None, share: int = 1) -> torch.Tensor:
+                           shared_end: Optional[torch.Tensor] = None, share: int = 1,
+                           pdl: bool = False) -> torch.Tensor:
     """One decode token's attention for b rows, its K/V written into the cache at ``column``.
 
     qkv (b, (q_heads + 2 kv_heads) * d): the fused projection (bias added), before RoPE;
@@ -85,7 +86,8 @@ def fused_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     column past column, gets zeros and writes nothing); q_norm/k_norm (d,) or None: a
     per-head RMS norm before RoPE (Qwen3); shared_end (1,) long and share: each aligned
     block of ``share`` rows (a power of two dividing b) samples one prompt, so its rows hold
-    the same K/V in columns [0, shared_end) (``share`` 1: no row shares any).
+    the same K/V in columns [0, shared_end) (``share`` 1: no row shares any); ``pdl``: both
+    kernels launched with programmatic dependent launch (``split_kv.pdl_runs_on``).
     Returns (b, kv_heads, group, d) in qkv's dtype, the queries of a KV head as its rows.
     """
     b = qkv.shape[0]
@@ -112,13 +114,13 @@ def fused_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         UPCAST=qkv.dtype == torch.float32 or _interpreting(),
         PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32", Q_HEADS=q_heads, KV_HEADS=kv_heads,
         GROUP=group, GROUP_TILE=_tile(1, group), D=d, SPLIT=split, HAS_NORM=has_norm, SHARE=share,
-        SHARED_TILE=_tile(share, group), num_warps=num_warps)
-    return merge_splits(partial, lse, first_column, column, qkv.dtype, split)
+        SHARED_TILE=_tile(share, group), PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+    return merge_splits(partial, lse, first_column, column, qkv.dtype, split, pdl)
 
 
 @fused_decode_attention.register_fake
 def _(qkv, cos, sin, cache, first_column, column, q_norm, k_norm, eps, q_heads, split=SPLIT,
-      num_warps=NUM_WARPS, shared_end=None, share=1):
+      num_warps=NUM_WARPS, shared_end=None, share=1, pdl=False):
     _, _, kv_heads, _, d = cache.shape
     return qkv.new_empty((qkv.shape[0], kv_heads, q_heads // kv_heads, d))
 
@@ -144,7 +146,9 @@ if triton is not None:
                       scale, columns,
                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                       GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                      HAS_NORM: tl.constexpr, SHARE: tl.constexpr, SHARED_TILE: tl.constexpr):
+                      HAS_NORM: tl.constexpr, SHARE: tl.constexpr, SHARED_TILE: tl.constexpr,
+                      PDL: tl.constexpr):
+        after_previous(PDL)
         row, head, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
         splits = tl.num_programs(2)
         k_ptr = cache_ptr + row * c_sb + head * c_sh  # this row's and KV head's (columns, D)

@@ -29,6 +29,8 @@ from trainer.rollout.attention import triton
 if triton is not None:
     import triton.language as tl
 
+    from trainer.rollout.split_kv import after_previous
+
 # The fastest of five tilings on an H200 at batch 128 and 256 (benchmarks/bench_sampler.py).
 SPAN = 4096  # vocabulary entries per program of the first pass (and walked by the second)
 BLOCK = 1024  # entries per inner step
@@ -36,11 +38,13 @@ BLOCK = 1024  # entries per inner step
 
 @torch.library.custom_op("trainer::softmax_sample", mutates_args=())
 def softmax_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor, span: int = SPAN,
-                   block: int = BLOCK, rows_per_program: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                   block: int = BLOCK, rows_per_program: int = 1,
+                   pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(b, V) logits, (1,) temperature, (1,) int64 seed -> tokens (b,) long, log-probs (b,) float32.
 
     Each program reads ``span`` entries of ``rows_per_program`` rows, ``block`` at a time
-    (``span`` a multiple of ``block``, both powers of two)."""
+    (``span`` a multiple of ``block``, both powers of two); ``pdl``: both kernels launched
+    with programmatic dependent launch (``split_kv.pdl_runs_on``)."""
     rows, vocab = logits.shape
     if logits.stride(-1) != 1:
         raise ValueError("softmax_sample needs each row of logits contiguous")
@@ -52,17 +56,17 @@ def softmax_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.
     stats = torch.empty((rows, parts, 2), dtype=torch.float32, device=logits.device)
     tiles = -(-rows // rows_per_program)
     _span_kernel[(tiles, parts)](logits, logits.stride(0), temperature, rows, vocab, stats,
-                                 ROWS=rows_per_program, SPAN=span, BLOCK=block, num_warps=8)
+                                 ROWS=rows_per_program, SPAN=span, BLOCK=block, PDL=pdl, num_warps=8, launch_pdl=pdl)
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
     _pick_kernel[(tiles,)](logits, logits.stride(0), temperature, seed, stats, tokens, logprobs, rows, vocab, parts,
                            ROWS=rows_per_program, PARTS_TILE=triton.next_power_of_2(parts), SPAN=span, BLOCK=block,
-                           num_warps=8)
+                           PDL=pdl, num_warps=8, launch_pdl=pdl)
     return tokens, logprobs
 
 
 @softmax_sample.register_fake
-def _(logits, temperature, seed, span=SPAN, block=BLOCK, rows_per_program=1):
+def _(logits, temperature, seed, span=SPAN, block=BLOCK, rows_per_program=1, pdl=False):
     rows = logits.shape[0]
     return (logits.new_empty(rows, dtype=torch.int64), logits.new_empty(rows, dtype=torch.float32))
 
@@ -71,7 +75,8 @@ if triton is not None:
 
     @triton.jit
     def _span_kernel(logits_ptr, row_stride, temperature_ptr, rows, vocab, stats_ptr,
-                     ROWS: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr):
+                     ROWS: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        after_previous(PDL)
         # A tile of ROWS rows x BLOCK entries (ROWS is 1 on the GPU; the interpreter's tests take
         # many rows per program, where its per-program cost dominates).
         block, part = tl.program_id(0), tl.program_id(1)
@@ -107,7 +112,8 @@ if triton is not None:
     @triton.jit
     def _pick_kernel(logits_ptr, row_stride, temperature_ptr, seed_ptr, stats_ptr, tokens_ptr, logprobs_ptr,
                      rows, vocab, parts, ROWS: tl.constexpr, PARTS_TILE: tl.constexpr, SPAN: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+        after_previous(PDL)
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = r < rows
         row_at = r.to(tl.int64) * row_stride

@@ -45,6 +45,19 @@ def triton_runs_on(device: torch.device) -> bool:
     return device.type == "cuda" or _interpreting()
 
 
+def pdl_runs_on(device: torch.device) -> bool:
+    """Whether kernels on this device may use programmatic dependent launch (PDL): CUDA from
+    Hopper (compute capability 9) on, compiled Triton (not the interpreter).
+
+    With PDL a kernel's programs may be launched while the kernel before it in the stream
+    still runs; they wait (``griddepcontrol.wait``) for its writes before reading anything,
+    so only the launch and the previous kernel's tail overlap. The decode step's kernels
+    are a few microseconds each, a few hundred a token, so that launch is a share of them."""
+    if triton is None or device.type != "cuda" or _interpreting():
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 
 def split_kv_reference(q, cache_k, cache_v, first_column, column):
     """What ``split_kv_decode`` computes, in plain torch (the tests' reference)."""
@@ -57,11 +70,12 @@ def split_kv_reference(q, cache_k, cache_v, first_column, column):
 @torch.library.custom_op("trainer::split_kv_decode", mutates_args=())
 def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, first_column: torch.Tensor,
                     column: torch.Tensor, split: int = SPLIT, num_warps: int = NUM_WARPS,
-                    skip_empty: bool = True) -> torch.Tensor:
+                    skip_empty: bool = True, pdl: bool = False) -> torch.Tensor:
     """q (b, kv_heads, group, d); cache_k/v (b, kv_heads, columns, d), d contiguous;
     first_column (b,) and column (1,) long: row r attends to columns [first_column[r], column].
     ``split`` (a power of two, at least 16) columns per program, on ``num_warps`` warps;
-    ``skip_empty``: a program whose split holds none of its row's columns returns at once."""
+    ``skip_empty``: a program whose split holds none of its row's columns returns at once;
+    ``pdl``: both kernels launched with programmatic dependent launch (:func:`pdl_runs_on`)."""
     b, kv_heads, group, d = q.shape
     columns = cache_k.shape[2]
     if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1 or q.stride(-1) != 1:
@@ -74,8 +88,8 @@ def split_kv_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tenso
         # Triton's CPU interpreter multiplies bf16 tiles wrongly (as of 3.6): it gets fp32 ones.
         UPCAST=q.dtype == torch.float32 or _interpreting(), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         GROUP=group, GROUP_TILE=max(MIN_GROUP_TILE, triton.next_power_of_2(group)), D=d, SPLIT=split,
-        SKIP_EMPTY=skip_empty, num_warps=num_warps)
-    return merge_splits(partial, lse, first_column, column, q.dtype, split)
+        SKIP_EMPTY=skip_empty, PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+    return merge_splits(partial, lse, first_column, column, q.dtype, split, pdl)
 
 
 def split_partials(op: str, heads: tuple, columns: int, split: int, device):
@@ -91,21 +105,30 @@ def split_partials(op: str, heads: tuple, columns: int, split: int, device):
             torch.empty((b, kv_heads, splits, group), dtype=torch.float32, device=device))
 
 
-def merge_splits(partial, lse, first_column, column, dtype, split: int) -> torch.Tensor:
+def merge_splits(partial, lse, first_column, column, dtype, split: int, pdl: bool = False) -> torch.Tensor:
     """The splits' partial outputs weighted by their share of the softmax: (b, kv_heads, group, d)."""
     b, kv_heads, splits, group, d = partial.shape
     out = torch.empty((b, kv_heads, group, d), dtype=dtype, device=partial.device)
     _merge_kernel[(b, kv_heads, group)](partial, lse, out, first_column, column, splits, SPLIT=split, D=d,
-                                        SPLITS_TILE=triton.next_power_of_2(splits), num_warps=1)
+                                        SPLITS_TILE=triton.next_power_of_2(splits), PDL=pdl, num_warps=1,
+                                        launch_pdl=pdl)
     return out
 
 
 @split_kv_decode.register_fake
-def _(q, cache_k, cache_v, first_column, column, split=SPLIT, num_warps=NUM_WARPS, skip_empty=True):
+def _(q, cache_k, cache_v, first_column, column, split=SPLIT, num_warps=NUM_WARPS, skip_empty=True, pdl=False):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 if triton is not None:
+
+    @triton.jit
+    def after_previous(PDL: tl.constexpr):
+        """A PDL-launched kernel's first step: wait for the previous kernel's writes, then let
+        the next kernel's programs launch (they wait in turn); nothing without PDL."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def _holds_columns(start, SPLIT: tl.constexpr, first, last):
@@ -117,9 +140,10 @@ if triton is not None:
                       q_sb, q_sh, q_sg, k_sb, k_sh, k_sc, v_sb, v_sh, v_sc, scale, columns,
                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
                       GROUP_TILE: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                      SKIP_EMPTY: tl.constexpr):
+                      SKIP_EMPTY: tl.constexpr, PDL: tl.constexpr):
         # One tile of SPLIT columns per program, K and V loaded together: the kernel is bound by
         # reading the cache, and a whole split in flight at once keeps the memory system busy.
+        after_previous(PDL)
         row, head, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # int64 offsets
         first = tl.load(first_ptr + row)
         last = tl.load(column_ptr)  # inclusive
@@ -159,9 +183,10 @@ if triton is not None:
 
     @triton.jit
     def _merge_kernel(partial_ptr, lse_ptr, out_ptr, first_ptr, column_ptr, splits, SPLIT: tl.constexpr,
-                      D: tl.constexpr, SPLITS_TILE: tl.constexpr):
+                      D: tl.constexpr, SPLITS_TILE: tl.constexpr, PDL: tl.constexpr):
         # One program per (row, KV head, query head of the group): the splits' outputs, weighted
         # by each one's share of the softmax mass.
+        after_previous(PDL)
         row, head, g = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
         group = tl.num_programs(2)
         s = tl.arange(0, SPLITS_TILE)

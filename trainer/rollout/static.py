@@ -110,7 +110,8 @@ class StaticEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
                  memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
-                 attention: str = "auto", fused_sampler: Optional[bool] = None, share_prompts: bool = True):
+                 attention: str = "auto", fused_sampler: Optional[bool] = None, share_prompts: bool = True,
+                 pdl: Optional[bool] = None):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -130,6 +131,11 @@ class StaticEngine(RolloutEngine):
         elif fused_sampler and not decode_attention.triton_runs_on(self.device):
             raise BackendUnavailable("the fused sampler needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
         self.fused_sampler = fused_sampler
+        # Programmatic dependent launch for the engine's own Triton kernels (None: wherever it
+        # runs); inductor's kernels in the compiled step launch as before.
+        if pdl and not decode_attention.pdl_runs_on(self.device):
+            raise BackendUnavailable("pdl=True needs compiled Triton on a CUDA device of compute capability 9 or more")
+        self.pdl = decode_attention.pdl_runs_on(self.device) if pdl is None else pdl
         # Whether the attention may read a prompt's columns once for the rows sampling it (it
         # changes no result; off only to measure it).
         self.share_prompts = share_prompts and getattr(self.attention, "shares_prompts", False)
@@ -501,7 +507,7 @@ def _finish_step(engine: StaticEngine, h, mlp, noise, mode: tuple, b: int) -> No
     if engine.fused_sampler and mode == PLAIN:
         # Two light passes over the logits, one uniform a row from a seed the step advances.
         token, logprob = fused_sampling.softmax_sample(_last_logits(engine, h, mlp), engine.temperature,
-                                                       engine.sample_seed)
+                                                       engine.sample_seed, pdl=engine.pdl)
         engine.sample_seed += 1
     else:
         token, logprob = _sample_last(engine, h, mlp, noise, mode)
