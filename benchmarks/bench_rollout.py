@@ -13,7 +13,9 @@ first column: a step late in a long decode attends to more columns and takes lon
 ``--samples 4`` decodes batch / 4 prompts four times each, as a GRPO step does, and
 ``--share on off`` times the fused attention reading each prompt's columns once for its
 samples against once a row, and ``--pdl on off`` the engine's kernels with programmatic
-dependent launch against without. ``--profile`` also prints how busy the device was over
+dependent launch against without (run each value in a process of its own: on an H100 a PDL
+engine built after one without it ran no faster than that one, benchmarks/RESULTS.md).
+``--profile`` also prints how busy the device was over
 back-to-back replays of the step (kernel time against the gaps between kernels).
 
 Variants: ``hf`` (transformers generate), ``static-eager`` (enforce_eager=True),

@@ -44,6 +44,10 @@ engine takes those two ideas and nothing else:
   the columns in use and (``fused``, the default there) also rotates q and k and
   writes the token's K/V, so a layer's attention is two kernels (split, merge)
   between the qkv and out projections; elsewhere SDPA over every column with a mask.
+* **Launch**: on Hopper and later (``pdl``, auto) the engine's own Triton kernels (the
+  attention's split and merge, the sampler's two passes) launch with programmatic
+  dependent launch: a kernel's programs start while the one before it drains, and wait
+  for its writes before reading anything (``split_kv.pdl_runs_on``).
 * **Stopping**: a row is done after its first stop token (the model's eos ids);
   done rows keep running with their outputs masked, and the host looks at the
   done flags every :data:`CHECK_EVERY` steps only, so there is no sync per token.
