@@ -405,6 +405,8 @@ def test_inert_knobs_name_what_the_run_ignores():
     assert "use_tis" not in static and "tis_imp_ratio_cap" not in static
     assert "tis_imp_ratio_cap" in inert_knobs(TrainerConfig(backend="static"), cpu)
     assert static["enforce_eager"]["reason"].startswith("CUDA graphs need a CUDA device")
+    assert "compute capability 9" in static["decode_pdl"]["reason"]
+    assert "decode_pdl" in synthetic  # the HF engine launches no kernels of its own
     # One update per step: no separate old-log-prob forward, so its micro-batch size does nothing.
     assert "micro_forward_batch_size_per_gpu" in static
     assert "micro_forward_batch_size_per_gpu" not in inert_knobs(

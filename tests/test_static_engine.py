@@ -294,6 +294,19 @@ def test_programmatic_dependent_launch_only_where_it_runs(policy):
         engine_for(model, tokenizer, pdl=True)
 
 
+def test_decode_pdl_false_launches_plainly_where_pdl_would_run(policy, monkeypatch):
+    # Whether the device runs PDL is a query of its compute capability; said yes here, the
+    # config decides (building the engine launches no kernel).
+    from trainer.rollout import attention
+
+    model, tokenizer = policy
+    monkeypatch.setattr(attention, "pdl_runs_on", lambda device: True)
+    built = {on: StaticEngine.from_config(TrainerConfig(decode_pdl=on, device="cpu", max_prompt_length=32,
+                                                        max_generate_length=32), model=model, tokenizer=tokenizer,
+                                          device=torch.device("cpu"), max_rows=8) for on in (True, False)}
+    assert built[True].pdl is True and built[False].pdl is False
+
+
 @pytest.fixture(scope="module")
 def cuda_policy():
     model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device="cuda",

@@ -218,6 +218,10 @@ class TrainerConfig:
         "torch.compile the static engine's decode step inside its CUDA graphs (fuses its small "
         "kernels; costs seconds of compilation per batch-size bucket on a run's first steps)"))
     decode_attention: str = _named(names.DECODE_ATTENTIONS, "auto")
+    decode_pdl: bool = attrs.field(default=True, metadata=_doc(
+        "on CUDA devices of compute capability 9 and later, launch the static engine's Triton decode "
+        "kernels with programmatic dependent launch (each starts while the one before it drains); "
+        "false launches them plainly"))
     colocate_all: bool = attrs.field(default=True, metadata=_doc(
         "policy and rollout engines share the GPUs (engines sleep during training)"))
     num_inference_engines: int = attrs.field(default=1, validator=_positive, metadata=_doc(

@@ -43,8 +43,8 @@ class HFEngine(RolloutEngine):
     @classmethod
     def inert_knobs(cls, cfg) -> dict[str, str]:
         reasons = dict.fromkeys(
-            ("gpu_memory_utilization", "enforce_eager", "compile_decode", "decode_attention", "num_inference_engines",
-             "inference_tp", "colocate_all"),
+            ("gpu_memory_utilization", "enforce_eager", "compile_decode", "decode_attention", "decode_pdl",
+             "num_inference_engines", "inference_tp", "colocate_all"),
             "the HF engine generates with the policy model itself")
         # pi_old and the sampling distribution are the same model's: every TIS weight is 1.
         reasons |= dict.fromkeys(("use_tis", "tis_imp_ratio_cap"),

@@ -58,7 +58,6 @@ def pdl_runs_on(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-
 def split_kv_reference(q, cache_k, cache_v, first_column, column):
     """What ``split_kv_decode`` computes, in plain torch (the tests' reference)."""
     columns = torch.arange(cache_k.shape[2], device=q.device)

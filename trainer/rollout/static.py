@@ -202,7 +202,7 @@ class StaticEngine(RolloutEngine):
                    max_columns=cfg.max_prompt_length + cfg.max_generate_length,
                    memory_fraction=cfg.gpu_memory_utilization, cuda_graphs=not cfg.enforce_eager,
                    compile_step=cfg.compile_decode and not cfg.enforce_eager,
-                   attention=cfg.decode_attention)
+                   attention=cfg.decode_attention, pdl=None if cfg.decode_pdl else False)
 
     @classmethod
     def inert_knobs(cls, cfg) -> dict[str, str]:
@@ -212,10 +212,16 @@ class StaticEngine(RolloutEngine):
             reasons["enforce_eager"] = "CUDA graphs need a CUDA device; on the CPU every step runs eagerly"
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs"
             reasons["gpu_memory_utilization"] = "on the CPU the KV cache is sized for the run's largest batch"
+            reasons["decode_pdl"] = "programmatic dependent launch needs a CUDA device of compute capability 9 or more"
             if cfg.decode_attention == "auto":
                 reasons["decode_attention"] = "on the CPU 'auto' is sdpa (the Triton kernels need CUDA)"
         elif cfg.enforce_eager:
             reasons["compile_decode"] = "the decode step is compiled only inside CUDA graphs (enforce_eager=False)"
+        if cfg.device == "cuda" and torch.cuda.is_available() and not decode_attention.pdl_runs_on(
+                torch.device("cuda")):
+            major, minor = torch.cuda.get_device_capability()
+            reasons["decode_pdl"] = (f"programmatic dependent launch needs compute capability 9 or more "
+                                     f"(this GPU has {major}.{minor})")
         return reasons
 
     @classmethod

@@ -47,6 +47,7 @@ class VLLMEngine(RolloutEngine):
                                 "this trainer runs one vLLM engine, colocated with the policy")
         reasons["compile_decode"] = "vLLM compiles its own model (enforce_eager turns that off)"
         reasons["decode_attention"] = "vLLM picks its own attention backend"
+        reasons["decode_pdl"] = "vLLM launches its own kernels"
         return reasons
 
     @classmethod
