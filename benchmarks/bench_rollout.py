@@ -15,8 +15,6 @@ first column: a step late in a long decode attends to more columns and takes lon
 samples against once a row, and ``--pdl on off`` the engine's kernels with programmatic
 dependent launch against without (run each value in a process of its own: on an H100 a PDL
 engine built after one without it ran no faster than that one, benchmarks/RESULTS.md).
-``--pointwise triton torch`` times the layer step's adds, norms and SiLU x up in the
-engine's own kernels against inductor's (the same advice: a process each).
 ``--profile`` also prints how busy the device was over
 back-to-back replays of the step (kernel time against the gaps between kernels).
 
@@ -78,9 +76,6 @@ def parse_args(argv=None):
     parser.add_argument("--pdl", nargs="+", default=["auto"], choices=["auto", "on", "off"],
                         help="programmatic dependent launch for the static engine's kernels (auto: where it runs; "
                              "each value runs)")
-    parser.add_argument("--pointwise", nargs="+", default=["auto"], choices=["auto", "triton", "torch"],
-                        help="the static engine's layer step adds and norms, and SiLU x up: its own Triton "
-                             "kernels, torch ops, or auto (Triton on CUDA); each value runs")
     return parser.parse_args(argv)
 
 
@@ -90,15 +85,14 @@ def sync(device):
 
 
 def make(variant, model, tokenizer, device, dtype, rows, columns, attention="auto", sampler="auto", share="on",
-         pdl="auto", pointwise="auto"):
+         pdl="auto"):
     if variant == "hf":
         return HFEngine(model, tokenizer, device=device, autocast_dtype=dtype if dtype != torch.float32 else None)
     return StaticEngine(model, tokenizer, device=device, dtype=dtype, max_rows=rows, max_columns=columns,
                         memory_fraction=0.9, cuda_graphs=variant != "static-eager",
                         compile_step=variant == "static-compiled", attention=attention,
                         fused_sampler={"auto": None, "fused": True, "torch": False}[sampler],
-                        share_prompts=share == "on", pdl={"auto": None, "on": True, "off": False}[pdl],
-                        triton_pointwise={"auto": None, "triton": True, "torch": False}[pointwise])
+                        share_prompts=share == "on", pdl={"auto": None, "on": True, "off": False}[pdl])
 
 
 def step_ms(engine, rows, device):
@@ -138,12 +132,11 @@ def main(argv=None) -> int:
     results = []
     print(f"{args.model} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_length}, {args.new_tokens} new tokens, torch {torch.__version__}")
-    runs = [(v, None, None, "default", 1, "on", "auto", "auto") if v == "hf" else
-            (v, a, f, blas, n, share, pdl, pointwise)
+    runs = [(v, None, None, "default", 1, "on", "auto") if v == "hf" else (v, a, f, blas, n, share, pdl)
             for v in args.variants for a in args.attention for f in args.sampler for blas in args.blas
-            for n in args.samples for share in args.share for pdl in args.pdl for pointwise in args.pointwise]
+            for n in args.samples for share in args.share for pdl in args.pdl]
     default_blas = torch.backends.cuda.preferred_blas_library() if device.type == "cuda" else None
-    for variant, attention, sampler, blas, samples, share, pdl, pointwise in dict.fromkeys(runs):
+    for variant, attention, sampler, blas, samples, share, pdl in dict.fromkeys(runs):
         if device.type == "cuda":
             torch.backends.cuda.preferred_blas_library(default_blas if blas == "default" else blas)
         for batch in args.batch:
@@ -157,7 +150,7 @@ def main(argv=None) -> int:
             try:
                 built = time.perf_counter()
                 engine = make(variant, model, tokenizer, device, dtype, batch, columns, attention or "auto",
-                              sampler or "auto", share, pdl, pointwise)
+                              sampler or "auto", share, pdl)
                 engine.stop_ids = [-1] if variant != "hf" else engine.stop_ids
                 if variant != "hf":
                     engine.stop_tensor = torch.tensor([-1], device=device)
@@ -177,7 +170,6 @@ def main(argv=None) -> int:
                 label += "" if blas == "default" else f"/{blas}"
                 label += "" if samples == 1 else f"/n{samples}" + ("" if engine.share_prompts else "/unshared")
                 label += "/pdl" if engine.pdl else ""
-                label += f"/{engine.pointwise.name}-pointwise" if engine.pointwise.name != "torch" else ""
                 row = {"variant": label, "batch": batch, "seconds": seconds, "tokens": tokens,
                        "tokens_per_s": tokens / seconds, "setup_s": setup_s,
                        "step_ms": step_ms(engine, batch, device) if variant != "hf" else None}

@@ -27,7 +27,7 @@ from trainer.rollout import BackendUnavailable, SamplingParams
 from trainer.rollout import split_kv
 from trainer.rollout.attention import choose
 from trainer.rollout.split_kv import SPLIT, split_kv_decode, split_kv_reference
-from trainer.rollout import fused_attention, pointwise
+from trainer.rollout import fused_attention
 from trainer.rollout.fused_attention import fused_decode_attention, shared_rows
 from trainer.rollout.fused_sampling import softmax_sample
 from trainer.rollout.static import PLAIN, StaticEngine
@@ -435,72 +435,6 @@ def test_each_decode_step_of_the_fused_sampler_draws_fresh_noise(device):
     assert out.token_lists()[0] != out.token_lists()[1]
 
 
-# The layer step's pointwise kernels. Under the interpreter a cast to bf16 truncates where a
-# GPU rounds: bf16 results are compared within two roundings of up to an ulp (2^-7) each,
-# fp32 ones tightly.
-POINTWISE_TOLERANCE = {torch.float32: dict(atol=1e-6, rtol=1e-6), torch.bfloat16: dict(atol=1e-5, rtol=2 ** -6)}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_add_rms_norm_equals_the_residual_add_and_hfs_rms_norm(device, dtype):
-    generator = torch.Generator().manual_seed(0)
-    hidden = 96  # not a power of two: the row's tile is masked
-    h = torch.randn((5, hidden), generator=generator).to(device, dtype)
-    wide = torch.randn((5, 2 * hidden), generator=generator).to(device, dtype)
-    delta = wide[:, :hidden]  # rows apart by more than a row: the engine's projection views
-    weight = torch.randn(hidden, generator=generator).to(device, dtype)
-    total, normed = pointwise.add_rms_norm(h, delta, weight, 1e-6)
-    expected_total, _ = pointwise.add_rms_norm_reference(h, delta, weight, 1e-6)
-    assert total.dtype == normed.dtype == dtype
-    torch.testing.assert_close(total, expected_total, **POINTWISE_TOLERANCE[dtype])
-    # The norm of the sum as written (the sum itself may differ by its rounding, above), against
-    # the reference and HF's Qwen2RMSNorm, the module the engine stands in for.
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
-    norm = Qwen2RMSNorm(hidden, eps=1e-6).to(device, dtype)
-    norm.weight.data.copy_(weight)
-    torch.testing.assert_close(normed, norm(total), **POINTWISE_TOLERANCE[dtype])
-    torch.testing.assert_close(normed, pointwise.add_rms_norm_reference(total, torch.zeros_like(total), weight,
-                                                                        1e-6)[1], **POINTWISE_TOLERANCE[dtype])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_mul_equals_silu_of_the_gate_times_up(device, dtype):
-    generator = torch.Generator().manual_seed(1)
-    gate_up = (3 * torch.randn((3, 2 * 100), generator=generator)).to(device, dtype)  # 100: a ragged last block
-    out = pointwise.silu_mul(gate_up, block=32)
-    assert out.shape == (3, 100) and out.dtype == dtype
-    torch.testing.assert_close(out, pointwise.silu_mul_reference(gate_up), **POINTWISE_TOLERANCE[dtype])
-    with pytest.raises(ValueError, match="block=48 a power of two"):
-        pointwise.silu_mul(gate_up, block=48)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_the_engine_with_the_triton_pointwise_kernels_decodes_what_torchs_ops_do(device):
-    model, tokenizer = tiny_policy(device)
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("Tom has 3 apples and 4 pears", "x")]
-    args = dict(device=device, dtype=torch.float32, max_rows=4, max_columns=48, attention="fused")
-    kernels = StaticEngine(model, tokenizer, triton_pointwise=True, **args)
-    ops = StaticEngine(model, tokenizer, triton_pointwise=False, **args)
-    assert (kernels.pointwise.name, ops.pointwise.name) == ("triton", "torch")
-    greedy = SamplingParams(n=2, max_new_tokens=8, temperature=0.0)
-    ours, theirs = kernels.generate(prompts, greedy), ops.generate(prompts, greedy)
-    assert ours.token_lists() == theirs.token_lists()
-    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
-
-
-def test_the_triton_pointwise_kernels_are_off_on_the_cpu_and_refused_where_triton_cannot_run():
-    if INTERPRETED:
-        pytest.skip("the interpreter runs the kernels on the CPU")
-    model, tokenizer = load_model_and_tokenizer(TrainerConfig(seed=3, dataset="gsm8k"), device="cpu",
-                                                dtype="float32")
-    args = dict(device="cpu", dtype=torch.float32, max_rows=2, max_columns=64)
-    assert StaticEngine(model, tokenizer, **args).pointwise.name == "torch"
-    with pytest.raises(BackendUnavailable, match="Triton pointwise kernels need a CUDA device"):
-        StaticEngine(model, tokenizer, triton_pointwise=True, **args)
-
-
 def test_auto_is_sdpa_on_the_cpu_and_split_kv_there_is_refused_by_name():
     cpu = torch.device("cpu")
     if not INTERPRETED:
@@ -588,11 +522,6 @@ def test_the_kernels_compile_for_an_sm90_gpu_without_one():
                                                 seed_ptr="*i64", stats_ptr="*fp32", tokens_ptr="*i64",
                                                 logprobs_ptr="*fp32", rows="i32", vocab="i32", parts="i32"),
               dict(ROWS=1, PARTS_TILE=32, **tiles), 8, pdl)
-        build(pointwise._add_rms_norm_kernel, dict(h_ptr="*bf16", h_sb="i32", delta_ptr="*bf16", delta_sb="i32",
-                                                   weight_ptr="*bf16", total_ptr="*bf16", normed_ptr="*bf16",
-                                                   hidden="i32", eps="fp32"), dict(BLOCK=1024), 4, pdl)
-        build(pointwise._silu_mul_kernel, dict(gate_up_ptr="*bf16", row_stride="i32", out_ptr="*bf16", inner="i32"),
-              dict(BLOCK=pointwise.SILU_BLOCK), 4, pdl)
 
 
 @pytest.mark.skipif(split_kv.triton is None, reason="Triton is not installed")

@@ -76,7 +76,7 @@ from trainer.rollout import (
     BackendUnavailable, Generation, RolloutEngine, SamplingParams, pad_token_id, stop_token_ids,
 )
 from trainer.rollout import attention as decode_attention
-from trainer.rollout import fused_sampling, pointwise
+from trainer.rollout import fused_sampling
 from trainer.rollout.fused_attention import shared_rows
 from trainer.rollout.sampling import sample_tokens
 
@@ -115,7 +115,7 @@ class StaticEngine(RolloutEngine):
     def __init__(self, model, tokenizer, *, device, dtype, max_rows: int, max_columns: int,
                  memory_fraction: float = 0.7, cuda_graphs: bool = False, compile_step: bool = False,
                  attention: str = "auto", fused_sampler: Optional[bool] = None, share_prompts: bool = True,
-                 pdl: Optional[bool] = None, triton_pointwise: Optional[bool] = None):
+                 pdl: Optional[bool] = None):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
@@ -135,10 +135,6 @@ class StaticEngine(RolloutEngine):
         elif fused_sampler and not decode_attention.triton_runs_on(self.device):
             raise BackendUnavailable("the fused sampler needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
         self.fused_sampler = fused_sampler
-        if triton_pointwise and not decode_attention.triton_runs_on(self.device):
-            raise BackendUnavailable("the Triton pointwise kernels need a CUDA device (or TRITON_INTERPRET=1)")
-        self.pointwise = pointwise.choose(self.device.type == "cuda" and decode_attention.triton_runs_on(self.device)
-                                          if triton_pointwise is None else triton_pointwise)
         # Programmatic dependent launch for the engine's own Triton kernels (None: wherever it
         # runs); inductor's kernels in the compiled step launch as before.
         if pdl and not decode_attention.pdl_runs_on(self.device):
@@ -502,13 +498,14 @@ def _decode_layer(engine: StaticEngine, h, mlp, layer: Layer, cache, cos, sin, c
     (h, mlp) the same way. Each residual add is then an epilogue of the RMS norm that
     follows it (one kernel when compiled), where ``addmm`` would first copy the residual
     into its output."""
-    h, x = engine.pointwise.add_norm(engine, h, mlp, layer.input_norm)
+    h = h + mlp
+    x = F.rms_norm(h, (engine.hidden,), layer.input_norm, engine.eps)
     qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (b, (q_heads + 2 kv_heads) d), before RoPE
     attended = engine.attention.decode(engine, layer, qkv, cache, cos, sin, context)  # (b, q_heads d)
     # (b, 1, H) through a view: inductor turns add(h, mm) into addmm, which copies h into its
     # output first (a copy a layer); past the view, the add is the norm kernel's prologue.
-    h, x = engine.pointwise.add_norm(engine, h, (attended[:, None] @ layer.out.T)[:, 0], layer.post_norm)
-    return h, F.linear(engine.pointwise.silu_mul(engine, F.linear(x, layer.gate_up)), layer.down)
+    h = h + (attended[:, None] @ layer.out.T)[:, 0]
+    return h, _mlp(F.rms_norm(h, (engine.hidden,), layer.post_norm, engine.eps), layer)
 
 
 def _finish_step(engine: StaticEngine, h, mlp, noise, mode: tuple, b: int) -> None:
