@@ -205,6 +205,53 @@ def test_micro_batches_keep_groups_whole():
     assert units == [[0], [2], [3], [1]] and widths == [5, 5, 5, 3]
 
 
+def test_a_group_wider_than_the_token_budget_is_cut_into_runs_of_its_rows_that_fit():
+    from trainer.update import micro_units
+
+    # One prompt of 2 tokens, four samples of 100, 100, 100 and 300 tokens: one row of 602
+    # tokens, 640 padded to flex attention's blocks of 128.
+    batch = grouped_batch([[1, 2]], [[5] * 100, [6] * 100, [7] * 100, [8] * 300], n=4)
+    assert micro_units(batch, share_prompts=True, width_multiple=1) == ([[0, 1, 2, 3]], [640])
+    assert micro_units(batch, share_prompts=True, width_multiple=1, max_width=640) == ([[0, 1, 2, 3]], [640])
+    # 2 + 100 + 100 fits 256; the third sample would make 302 (384 padded); the 300-token sample
+    # is wider than 256 alone and goes alone (its micro-batch is one row: nothing narrower exists).
+    units, widths = micro_units(batch, share_prompts=True, width_multiple=1, max_width=256)
+    assert units == [[3], [0, 1], [2]] and widths == [384, 256, 128]
+    # The forward then lays the runs out as cut, not as the prompt's one group.
+    regrouped = batch.rows([row for unit in units for row in unit]).grouped_as([len(unit) for unit in units])
+    assert shared_prompt.prompt_groups(regrouped) == [1, 2, 1]
+    assert shared_prompt.prompt_groups(batch.rows([3, 0, 1, 2])) == [4]
+    with pytest.raises(ValueError, match="groups of 3 rows for a batch of 4"):
+        batch.grouped_as([1, 2])
+
+
+def test_no_micro_batch_of_the_shared_forward_is_wider_than_the_token_budget(monkeypatch):
+    """The update under a token budget narrower than a group's row: every layout the forward
+    builds fits the budget, and the update is the per-row update (the fp64 test below)."""
+    from trainer.losses import group_advantages
+    from trainer.update import update_policy
+
+    torch.set_num_threads(1)
+    widths = []
+    layout = shared_prompt.Layout.__init__
+
+    def record(self, batch, sizes, **kwargs):
+        layout(self, batch, sizes, **kwargs)
+        widths.append(self.ids.shape[0] * self.width)  # padded tokens: groups x width
+
+    monkeypatch.setattr(shared_prompt.Layout, "__init__", record)
+    cfg = TrainerConfig(train_batch_size=2, policy_mini_batch_size=2, n_samples_per_prompt=4, max_generate_length=80)
+    model, tokenizer = small_model(torch.float32)
+    model.share_prompts = True
+    batch = random_groups(tokenizer, prompt_lengths=(30, 10), n=4, response_lengths=[70, 60, 50, 40, 30, 20, 10, 5])
+    batch = attrs.evolve(batch, advantages=group_advantages(torch.arange(8.0) % 3, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
+    update_policy(model, optimizer, scheduler, batch, cfg, packing=Packing(tokens=128, why="test"))
+    # Group rows of 250 and 75 tokens: the first in runs of 128 padded tokens, each a micro-batch.
+    assert widths and max(widths) <= 128, widths
+
+
 def test_a_row_count_is_met_in_whole_groups_and_a_token_budget_counts_a_groups_row():
     assert Packing(rows=8).cut([1024] * 5, unit_rows=[4, 4, 4, 2, 2]) == [2, 3]
     assert Packing(rows=3).cut([1024] * 2, unit_rows=[4, 4]) == [1, 1]  # a group wider than the count goes alone
@@ -212,7 +259,8 @@ def test_a_row_count_is_met_in_whole_groups_and_a_token_budget_counts_a_groups_r
 
 
 @pytest.mark.parametrize("packing", [Packing(rows=16, why="one micro-batch"), Packing(tokens=300, why="packed"),
-                                     Packing(rows=4, why="a group at a time")])
+                                     Packing(rows=4, why="a group at a time"),
+                                     Packing(tokens=128, why="the widest group cut in runs")])
 def test_shared_and_per_row_updates_agree_in_fp64(packing):
     """The same update with the prompt shared as with every row's own copy: SGD (linear in the
     gradient) from the same weights gives the same weights to 1e-6."""

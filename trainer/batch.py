@@ -137,6 +137,17 @@ class Batch:
         object.__setattr__(subset, "_lengths", lengths)
         return subset
 
+    def grouped_as(self, sizes: Sequence[int]) -> "Batch":
+        """This batch with its rows in adjacent groups of these ``sizes`` (what
+        :meth:`RowLengths.groups` and so the shared-prompt forward see), where one prompt's rows
+        may make several groups: the update cuts a group too wide for a micro-batch."""
+        if sum(sizes) != self.size:
+            raise ValueError(f"grouped_as: groups of {sum(sizes)} rows for a batch of {self.size}")
+        regrouped = attrs.evolve(self)
+        keys = tuple(group for group, size in enumerate(sizes) for _ in range(size))
+        object.__setattr__(regrouped, "_lengths", attrs.evolve(self.row_lengths(), key=keys))
+        return regrouped
+
     def kept_positions(self) -> torch.Tensor:
         """(N,) the flat indices (into B x R) of the sampled tokens, row-major, without a sync:
         N, their count, is known from :meth:`row_lengths`."""

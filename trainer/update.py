@@ -7,7 +7,8 @@ micro-batches (the loss is a sum over rows, so order does not change it), which
 keeps the padding each micro-batch computes on small; how many rows each takes is the
 run's :class:`trainer.packing.Packing` (a fixed count, or as many as its token budget
 holds at its longest row's width). With the prompt shared (``share_prompts``), what is
-sorted and cut is groups, each laid out as one row (:func:`micro_units`). All of this is
+sorted and cut is groups, each laid out as one row (:func:`micro_units`; a group too wide for
+a micro-batch's token budget in runs of its rows that fit). All of this is
 decided on the host from the rows' lengths, read from the device once a step
 (:class:`trainer.batch.RowLengths`): a micro-batch's cut, layout, forward and backward never
 wait for the GPU (``tests/test_shared_prompt.py`` checks it under torch's sync debug mode; the
@@ -47,20 +48,39 @@ from trainer.parallel import SINGLE, Group, replicated, trains_sharded
 TOKEN_SUMS = ("clip_frac", "kl", "ref_kl", "tis_weight", "entropy")  # per-token sums, averaged over all tokens
 
 
-def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int) -> tuple[list[list[int]], list[int]]:
+def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int,
+                max_width: int | None = None) -> tuple[list[list[int]], list[int]]:
     """What micro-batches are cut from: units of rows that stay together, longest first, and
     their padded widths. A unit is a row, or with ``share_prompts`` a run of rows that repeat a
     prompt, which the forward lays out as one row of prompt and responses
-    (:mod:`trainer.shared_prompt`)."""
+    (:mod:`trainer.shared_prompt`). A group whose row would be wider than ``max_width`` padded
+    tokens (a micro-batch's token budget) is cut into runs of its rows that fit, each laid out
+    with its own copy of the prompt (a row wider alone is a unit alone): long responses times
+    many samples must not make one micro-batch past the memory budget."""
     rows = mini.row_lengths()
     sizes = shared_prompt.prompt_groups(mini) if share_prompts else [1] * mini.size
     if max(sizes) > 1:
         width_multiple = max(width_multiple, shared_prompt.BLOCK)
     units = [list(group) for group in shared_prompt.group_rows(sizes)]
+    if max_width is not None:
+        units = [part for unit in units for part in _runs_within(unit, rows, max_width, width_multiple)]
     lengths = [rows.prompt[unit[0]] + sum(rows.ends[row] for row in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
     widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
     return [units[u] for u in order], widths
+
+
+def _runs_within(unit: list[int], rows, max_width: int, width_multiple: int) -> list[list[int]]:
+    """A group's rows in order, cut into runs whose laid-out row (the prompt, then each
+    response) is at most ``max_width`` once padded; a row that is wider alone makes a run alone."""
+    runs, run, length = [], [], rows.prompt[unit[0]]
+    for row in unit:
+        if run and -(-(length + rows.ends[row]) // width_multiple) * width_multiple > max_width:
+            runs.append(run)
+            run, length = [], rows.prompt[unit[0]]
+        run.append(row)
+        length += rows.ends[row]
+    return [*runs, run]
 
 
 def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=None, stderr=None,
@@ -96,11 +116,13 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         # This rank's share of the mini-batch's totals (on one rank: the totals).
         tokens = group.sum_floats([float(sum(mini.row_lengths().sampled))])[0] / group.world
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
-        units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple)
+        units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple,
+                                    max_width=packing.tokens)
         grouped = any(len(unit) > 1 for unit in units)
         # In the units' order (one index copy), each micro-batch is a slice: units [u, u + size)
-        # are rows [first_row[u], first_row[u + size]).
-        ordered = mini.rows([row for unit in units for row in unit])
+        # are rows [first_row[u], first_row[u + size]). The forward lays out the units as cut,
+        # a group cut in runs included.
+        ordered = mini.rows([row for unit in units for row in unit]).grouped_as([len(unit) for unit in units])
         first_row = list(itertools.accumulate((len(unit) for unit in units), initial=0))
         mini_loss, micro_start = 0.0, 0
         for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None):
