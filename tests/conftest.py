@@ -112,9 +112,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         group = "slurm" if on_slurm(item) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
-    # The SLURM tests that run beside others go last, so that those that run alone make one row:
-    # the other worker then waits for one row, and the SLURM worker for its lock once.
-    items.sort(key=lambda item: on_slurm(item) and not runs_alone(item))
+    # The SLURM tests that run alone come first, so that they make one row and it starts with the
+    # suite: the other worker then waits for one row, and the SLURM worker for its lock once and
+    # for no more than the other worker's first test (later, that test could be the interpreter's
+    # minute and a half). Those that run beside others go last.
+    items.sort(key=lambda item: 0 if runs_alone(item) else 2 if on_slurm(item) else 1)
 
 
 def runs_alone(item) -> bool:
