@@ -66,8 +66,12 @@ def micro_units(mini: Batch, *, share_prompts: bool, width_multiple: int,
         units = [part for unit in units for part in _runs_within(unit, rows, max_width, width_multiple)]
     lengths = [rows.prompt[unit[0]] + sum(rows.ends[row] for row in unit) for unit in units]
     order = sorted(range(len(units)), key=lambda u: -lengths[u])  # stable: ties keep row order
-    widths = [-(-lengths[u] // width_multiple) * width_multiple for u in order]
+    widths = [_padded(lengths[u], width_multiple) for u in order]
     return [units[u] for u in order], widths
+
+
+def _padded(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
 
 
 def _runs_within(unit: list[int], rows, max_width: int, width_multiple: int) -> list[list[int]]:
@@ -75,7 +79,7 @@ def _runs_within(unit: list[int], rows, max_width: int, width_multiple: int) -> 
     response) is at most ``max_width`` once padded; a row that is wider alone makes a run alone."""
     runs, run, length = [], [], rows.prompt[unit[0]]
     for row in unit:
-        if run and -(-(length + rows.ends[row]) // width_multiple) * width_multiple > max_width:
+        if run and _padded(length + rows.ends[row], width_multiple) > max_width:
             runs.append(run)
             run, length = [], rows.prompt[unit[0]]
         run.append(row)
@@ -118,14 +122,15 @@ def update_policy(model, optimizer, scheduler, batch: Batch, cfg, *, precision=N
         totals = dict(num_sequences=mini.size, num_tokens=tokens, max_len=cfg.max_generate_length)
         units, widths = micro_units(mini, share_prompts=share_prompts, width_multiple=width_multiple,
                                     max_width=packing.tokens)
-        grouped = any(len(unit) > 1 for unit in units)
+        unit_rows = [len(unit) for unit in units]
+        grouped = max(unit_rows) > 1
         # In the units' order (one index copy), each micro-batch is a slice: units [u, u + size)
         # are rows [first_row[u], first_row[u + size]). The forward lays out the units as cut,
         # a group cut in runs included.
-        ordered = mini.rows([row for unit in units for row in unit]).grouped_as([len(unit) for unit in units])
-        first_row = list(itertools.accumulate((len(unit) for unit in units), initial=0))
+        ordered = mini.rows([row for unit in units for row in unit]).grouped_as(unit_rows)
+        first_row = list(itertools.accumulate(unit_rows, initial=0))
         mini_loss, micro_start = 0.0, 0
-        for micro_size in packing.cut(widths, unit_rows=[len(unit) for unit in units] if grouped else None):
+        for micro_size in packing.cut(widths, unit_rows=unit_rows if grouped else None):
             micro = ordered.rows(slice(first_row[micro_start], first_row[micro_start + micro_size]))
             micro_start += micro_size
             mask = micro.response_mask  # (b, R)
